@@ -1,0 +1,69 @@
+"""The realtime kernel of Realtime Voice: pure asyncio, no Home Assistant imports.
+
+Latest input wins, tools are critical sections, output streams delta by delta, and
+the whole conversation is kept and handed off when a child closes. DESIGN §4.
+"""
+
+from __future__ import annotations
+
+from .channels import Capability, Channel, ChannelDef, ChannelRegistry
+from .context import drop_unpaired_tool_calls, estimate_tokens, trim_to_window
+from .errors import (
+    AgentNotRealtimeError,
+    ChannelNotRealtimeError,
+    ChannelsNotPairedError,
+    ChannelUnknownError,
+    KernelError,
+)
+from .kernel import (
+    ASK_PARENT_TOOL,
+    DEFAULT_SYSTEM_PROMPT,
+    ChildOptions,
+    ChildState,
+    ChildStats,
+    Kernel,
+    Ticket,
+)
+from .prompts import PromptRegistry, PromptSection
+from .transcript import format_transcript
+from .types import (
+    ChatProvider,
+    Delta,
+    Message,
+    Outcome,
+    ToolCall,
+    ToolRunner,
+    ToolSpec,
+)
+
+__all__ = [
+    "ASK_PARENT_TOOL",
+    "DEFAULT_SYSTEM_PROMPT",
+    "AgentNotRealtimeError",
+    "Capability",
+    "Channel",
+    "ChannelDef",
+    "ChannelNotRealtimeError",
+    "ChannelRegistry",
+    "ChannelUnknownError",
+    "ChannelsNotPairedError",
+    "ChatProvider",
+    "ChildOptions",
+    "ChildState",
+    "ChildStats",
+    "Delta",
+    "Kernel",
+    "KernelError",
+    "Message",
+    "Outcome",
+    "PromptRegistry",
+    "PromptSection",
+    "Ticket",
+    "ToolCall",
+    "ToolRunner",
+    "ToolSpec",
+    "drop_unpaired_tool_calls",
+    "estimate_tokens",
+    "format_transcript",
+    "trim_to_window",
+]

@@ -1,0 +1,706 @@
+"""The realtime kernel: children that answer the newest input, one round at a time.
+
+Each child has one long-lived loop task that sleeps on its slot's wake-up event,
+takes the newest input and runs one *round* in a task of its own. ``push`` overwrites
+the slot and cancels the running round at once, unless a tool is running (a critical
+section): then the cancel is suppressed and counted, and the round ends at its next
+check before a model call. Nothing polls and nothing runs while nobody talks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+import enum
+import inspect
+import json
+import logging
+import time
+from typing import Any, Literal
+
+from .channels import ChannelRegistry, OutputHandler
+from .context import drop_unpaired_tool_calls, trim_to_window
+from .errors import AgentNotRealtimeError, KernelError
+from .prompts import PromptRegistry
+from .slot import LatestSlot, PendingInput
+from .transcript import DEFAULT_PAGE_LIMIT, format_transcript, transcript_page
+from .types import ChatProvider, Message, Outcome, ToolCall, ToolRunner, ToolSpec
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are in a live voice conversation. Answer briefly, in plain spoken sentences.\n"
+    "- Before you call a tool that may take a while, tell the user in a few words what"
+    " you are doing: while a tool runs the user cannot interrupt you.\n"
+    "- Being interrupted is normal, not a failure: answer the newest words.\n"
+    "- Do not repeat what the user just said; give the result.\n"
+    "- Really call the tools to act; only report an action once you have its result."
+)
+
+ASK_PARENT_TOOL = "ask_parent"
+ASK_PARENT_SPEC = ToolSpec(
+    name=ASK_PARENT_TOOL,
+    description=(
+        "Send a question or note to the supervising assistant. Delivery is"
+        " asynchronous: its answer, if any, arrives later as a new user input."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {"text": {"type": "string", "description": "What to ask."}},
+        "required": ["text"],
+    },
+)
+
+STOP_TOOL_TIMEOUT = 10.0
+ARCHIVE_LIMIT = 64
+
+
+class ChildState(enum.StrEnum):
+    """What a child is doing, for sensors and diagnostics."""
+
+    IDLE = "idle"
+    THINKING = "thinking"
+    SPEAKING = "speaking"
+    TOOL = "tool"
+
+
+@dataclass
+class ChildOptions:
+    """How to spawn a realtime child."""
+
+    id: str
+    input: str
+    output: str
+    system_prompt: str = ""
+    max_tool_turns: int = 0  # 0 = unlimited: a call is an ongoing dialogue
+    context_window: int = 8000
+    prompt_scope: str | None = None
+
+
+class Ticket:
+    """Returned by ``push``: ``outcome`` resolves when the round for ``seq`` ends."""
+
+    __slots__ = ("outcome", "seq")
+
+    def __init__(self, seq: int, outcome: asyncio.Future[Outcome]) -> None:
+        """Bind a sequence number to its outcome future."""
+        self.seq = seq
+        self.outcome = outcome
+
+    def __repr__(self) -> str:
+        """Show the seq and whether the outcome is known."""
+        return f"Ticket(seq={self.seq}, done={self.outcome.done()})"
+
+
+@dataclass
+class ChildStats:
+    """Counters of one child."""
+
+    id: str
+    rounds: int
+    last_seq: int
+    dropped: int
+    pending: bool
+    suppressed_cancels: int
+    interrupted_rounds: int
+    superseded_rounds: int
+    tool_calls: int
+    completed_rounds: int = 0
+    failed_rounds: int = 0
+    state: str = ChildState.IDLE
+    first_delta_ms: float | None = None  # last round: input pushed -> first delta
+    messages: int = 0
+
+
+class _Round:
+    """One round: the input it answers and what it has done so far."""
+
+    __slots__ = (
+        "emitted",
+        "finished",
+        "first_delta",
+        "future",
+        "group",
+        "interrupt_requested",
+        "model_called",
+        "pushed_at",
+        "seq",
+        "task",
+        "text",
+        "turn_text",
+    )
+
+    def __init__(
+        self, pending: PendingInput, future: asyncio.Future[Outcome] | None
+    ) -> None:
+        self.text = pending.text
+        self.seq = pending.seq
+        self.pushed_at = pending.pushed_at
+        self.future = future
+        self.task: asyncio.Task[None] | None = None
+        self.model_called = False
+        self.interrupt_requested = False
+        self.emitted: list[str] = []  # every delta of the round
+        self.turn_text: list[str] = []  # deltas of the current model call
+        self.first_delta = True
+        self.finished = False  # its outcome has been settled
+        # The tool group being executed: (assistant text, calls, finished results).
+        self.group: tuple[str, list[ToolCall], list[Message]] | None = None
+
+
+class _Child:
+    """State of one realtime child."""
+
+    def __init__(self, options: ChildOptions, loop: asyncio.AbstractEventLoop) -> None:
+        self.options = options
+        self.loop = loop
+        self.slot = LatestSlot()
+        self.history: list[Message] = []
+        self.tickets: dict[int, asyncio.Future[Outcome]] = {}
+        self.round: _Round | None = None
+        self.loop_task: asyncio.Task[None] | None = None
+        self.critical = 0
+        self.tool_idle = asyncio.Event()
+        self.tool_idle.set()
+        self.stopped = False
+        self.state = ChildState.IDLE
+        self.rounds = 0
+        self.last_seq = 0
+        self.suppressed_cancels = 0
+        self.interrupted_rounds = 0
+        self.superseded_rounds = 0
+        self.completed_rounds = 0
+        self.failed_rounds = 0
+        self.tool_calls = 0
+        self.first_delta_ms: float | None = None
+
+
+def _settle(future: asyncio.Future[Outcome] | None, outcome: Outcome) -> None:
+    """Resolve a ticket; a caller may have cancelled it meanwhile."""
+    if future is not None and not future.done():
+        future.set_result(outcome)
+
+
+def _copy_message(message: Message) -> Message:
+    return replace(
+        message,
+        tool_calls=[replace(c, arguments=dict(c.arguments)) for c in message.tool_calls]
+        if message.tool_calls
+        else None,
+    )
+
+
+class Kernel:
+    """Runs realtime children for one parent."""
+
+    def __init__(
+        self,
+        provider: ChatProvider,
+        channels: ChannelRegistry,
+        *,
+        tools: ToolRunner | None = None,
+        prompts: PromptRegistry | None = None,
+        parent_id: str = "parent",
+        on_closed: Callable[[str, int, int], None] | None = None,
+        on_ask_parent: Callable[[str, str], None] | None = None,
+        on_state: Callable[[str, str], None] | None = None,
+        stop_tool_timeout: float = STOP_TOOL_TIMEOUT,
+        archive_limit: int = ARCHIVE_LIMIT,
+    ) -> None:
+        """Create a kernel; ``on_state(child_id, state)`` reports state changes."""
+        self.provider = provider
+        self.channels = channels
+        self.tools = tools
+        self.prompts = prompts
+        self.parent_id = parent_id
+        self._on_closed = on_closed
+        self._on_ask_parent = on_ask_parent
+        self._on_state = on_state
+        self._stop_tool_timeout = stop_tool_timeout
+        self._archive_limit = archive_limit
+        self._children: dict[str, _Child] = {}
+        self._archive: OrderedDict[str, list[Message]] = OrderedDict()
+
+    # ── lifecycle ──────────────────────────────────────────────────────────
+
+    async def spawn(self, options: ChildOptions) -> str:
+        """Create a realtime child bound to an RT input/output pair and start it."""
+        if options.id == self.parent_id:
+            raise AgentNotRealtimeError(
+                f"{options.id!r} is the parent; the parent holds no realtime ability"
+            )
+        if not options.id:
+            raise KernelError("a realtime child needs an id")
+        if options.id in self._children:
+            raise KernelError(f"realtime child {options.id!r} already exists")
+        for name in (options.input, options.output):
+            channel = self.channels.lookup(name) if name else None
+            if channel is not None and channel.owner == self.parent_id:
+                raise KernelError(
+                    f"channel {name!r} is owned by the parent {self.parent_id!r},"
+                    " which holds no realtime ability"
+                )
+        try:
+            self.channels.bind_realtime_pair(
+                options.input, options.output, options.id, owner_is_realtime=True
+            )
+        except KernelError as err:
+            available = ", ".join(self.channels.realtime_names()) or "none"
+            raise type(err)(f"{err}. RT channels: {available}") from err
+        child = _Child(options, asyncio.get_running_loop())
+        child.loop_task = asyncio.create_task(
+            self._child_loop(child), name=f"rtvoice child {options.id}"
+        )
+        self._children[options.id] = child
+        _LOGGER.debug(
+            "Realtime child %s started (input=%s, output=%s)",
+            options.id,
+            options.input,
+            options.output,
+        )
+        return options.id
+
+    def push(self, child_id: str, text: str) -> Ticket:
+        """Make ``text`` the newest input of a child; never blocks.
+
+        The running round is cancelled at once unless a tool is running; then the
+        cancel is suppressed (counted) and the round ends at its next check.
+        """
+        child = self._live(child_id)
+        if not text or not text.strip():
+            raise KernelError("input text is empty")
+        seq, voided = child.slot.push(text)
+        future: asyncio.Future[Outcome] = child.loop.create_future()
+        child.tickets[seq] = future
+        if voided is not None:
+            _settle(child.tickets.pop(voided.seq, None), Outcome("superseded"))
+        self._cut_round(child)
+        return Ticket(seq, future)
+
+    def interrupt(self, child_id: str) -> bool:
+        """Cancel the running round without new input (tools still complete)."""
+        child = self._live(child_id)
+        rnd = child.round
+        if rnd is None or rnd.task is None or rnd.task.done():
+            return False
+        rnd.interrupt_requested = True
+        self._cut_round(child)
+        return True
+
+    def _cut_round(self, child: _Child) -> None:
+        rnd = child.round
+        if rnd is None or rnd.task is None or rnd.task.done():
+            return
+        if child.critical > 0:
+            child.suppressed_cancels += 1
+        else:
+            rnd.task.cancel()
+
+    async def stop(self, child_id: str) -> None:
+        """Stop a child; a running tool gets a bounded time to finish first."""
+        child = self._children.get(child_id)
+        if child is None:
+            raise KernelError(self._unknown_message(child_id))
+        await self._stop_child(child)
+
+    async def close(self, child_id: str) -> int:
+        """Stop a child and hand its transcript off; returns its message count."""
+        child = self._children.get(child_id)
+        if child is None:
+            raise KernelError(self._unknown_message(child_id))
+        await self._stop_child(child)
+        return self._hand_off(child)
+
+    async def stop_all(self) -> int:
+        """Stop every child; returns how many were stopped."""
+        children = list(self._children.values())
+        await asyncio.gather(*(self._stop_child(c) for c in children))
+        return len(children)
+
+    async def close_all(self) -> int:
+        """Close every child with hand-off; returns how many were closed."""
+        children = list(self._children.values())
+        await asyncio.gather(*(self._stop_child(c) for c in children))
+        for child in children:
+            self._hand_off(child)
+        return len(children)
+
+    async def _stop_child(self, child: _Child) -> None:
+        if child.stopped:
+            return
+        child.stopped = True
+        stopped = Outcome("interrupted", error="stopped")
+        pending = child.slot.take()
+        if pending is not None:
+            _settle(child.tickets.pop(pending.seq, None), stopped)
+        rnd = child.round
+        if rnd is not None and rnd.task is not None:
+            if child.critical > 0:
+                try:
+                    await asyncio.wait_for(
+                        child.tool_idle.wait(), self._stop_tool_timeout
+                    )
+                except TimeoutError:
+                    _LOGGER.warning(
+                        "Child %s: tool still running after %.0f s, cancelling it",
+                        child.options.id,
+                        self._stop_tool_timeout,
+                    )
+            rnd.task.cancel()
+            await asyncio.wait((rnd.task,))
+            self._settle_unstarted(child, rnd)
+        if child.loop_task is not None:
+            child.loop_task.cancel()
+            await asyncio.wait((child.loop_task,))
+        for future in child.tickets.values():
+            _settle(future, stopped)
+        child.tickets.clear()
+        self._children.pop(child.options.id, None)
+        self.channels.report_dangling(child.options.id)
+        self._set_state(child, ChildState.IDLE)
+        _LOGGER.debug("Realtime child %s stopped", child.options.id)
+
+    def _hand_off(self, child: _Child) -> int:
+        count = len(child.history)
+        if not count:
+            return 0
+        child_id = child.options.id
+        self._archive[child_id] = child.history
+        self._archive.move_to_end(child_id)
+        while len(self._archive) > self._archive_limit:
+            self._archive.popitem(last=False)
+        if self._on_closed is not None:
+            chars = len(format_transcript(child.history))
+            try:
+                self._on_closed(child_id, count, chars)
+            except Exception:
+                _LOGGER.exception("on_closed callback failed for %s", child_id)
+        return count
+
+    # ── queries ────────────────────────────────────────────────────────────
+
+    def children(self) -> list[str]:
+        """Ids of the live children, sorted."""
+        return sorted(self._children)
+
+    def stats(self, child_id: str) -> ChildStats | None:
+        """Counters of a live child, or None."""
+        child = self._children.get(child_id)
+        if child is None:
+            return None
+        return ChildStats(
+            id=child_id,
+            rounds=child.rounds,
+            last_seq=child.slot.seq,
+            dropped=child.slot.dropped,
+            pending=child.slot.pending,
+            suppressed_cancels=child.suppressed_cancels,
+            interrupted_rounds=child.interrupted_rounds,
+            superseded_rounds=child.superseded_rounds,
+            tool_calls=child.tool_calls,
+            completed_rounds=child.completed_rounds,
+            failed_rounds=child.failed_rounds,
+            state=child.state,
+            first_delta_ms=child.first_delta_ms,
+            messages=len(child.history),
+        )
+
+    def options(self, child_id: str) -> ChildOptions | None:
+        """The options a live child was spawned with."""
+        child = self._children.get(child_id)
+        return child.options if child is not None else None
+
+    def transcript(self, child_id: str) -> list[Message] | None:
+        """The full history of a live or archived child (a copy), or None."""
+        child = self._children.get(child_id)
+        history = child.history if child is not None else self._archive.get(child_id)
+        if history is None:
+            return None
+        return [_copy_message(m) for m in history]
+
+    def archived(self) -> list[str]:
+        """Ids of closed children whose transcript is kept."""
+        return list(self._archive)
+
+    def transcript_page(
+        self,
+        child_id: str,
+        offset: int = 0,
+        limit: int = DEFAULT_PAGE_LIMIT,
+        fmt: Literal["text", "raw"] = "text",
+    ) -> str:
+        """A page of a transcript; KernelError for an unknown id."""
+        child = self._children.get(child_id)
+        history = child.history if child is not None else self._archive.get(child_id)
+        if history is None:
+            raise KernelError(self._unknown_message(child_id))
+        return transcript_page(child_id, history, offset, limit, fmt)
+
+    def _live(self, child_id: str) -> _Child:
+        child = self._children.get(child_id)
+        if child is None or child.stopped:
+            raise KernelError(self._unknown_message(child_id))
+        return child
+
+    def _unknown_message(self, child_id: str) -> str:
+        known = ", ".join(sorted({*self._children, *self._archive})) or "none"
+        return f"no realtime child {child_id!r} (known: {known})"
+
+    # ── the loop and rounds ────────────────────────────────────────────────
+
+    async def _child_loop(self, child: _Child) -> None:
+        slot = child.slot
+        while True:
+            await slot.wake.wait()
+            pending = slot.take()
+            if pending is None:
+                continue
+            rnd = _Round(pending, child.tickets.pop(pending.seq, None))
+            child.rounds += 1
+            child.last_seq = pending.seq
+            child.round = rnd
+            rnd.task = asyncio.create_task(
+                self._run_round(child, rnd),
+                name=f"rtvoice round {child.options.id}#{pending.seq}",
+            )
+            await asyncio.wait((rnd.task,))
+            self._settle_unstarted(child, rnd)
+            child.round = None
+
+    def _settle_unstarted(self, child: _Child, rnd: _Round) -> None:
+        """A round task cancelled before it ever ran never reached its handlers."""
+        if not rnd.finished:
+            self._end_cut(child, rnd)
+
+    async def _run_round(self, child: _Child, rnd: _Round) -> None:
+        try:
+            await self._round_body(child, rnd)
+        except asyncio.CancelledError:
+            if not rnd.finished:
+                self._end_cut(child, rnd)
+            raise
+        except Exception as err:  # provider or tool-spec failure ends the round
+            self._end_failed(child, rnd, err)
+        finally:
+            self._set_state(child, ChildState.IDLE)
+
+    async def _round_body(self, child: _Child, rnd: _Round) -> None:
+        specs = self._specs()
+        turns = 0
+        max_turns = child.options.max_tool_turns
+        while True:
+            if child.slot.seq > rnd.seq or rnd.interrupt_requested or child.stopped:
+                self._end_cut(child, rnd)
+                return
+            if not rnd.model_called:
+                rnd.model_called = True
+                child.history.append(Message("user", rnd.text))
+            offered = specs if max_turns <= 0 or turns < max_turns else []
+            text, calls = await self._stream(child, rnd, offered)
+            if not calls:
+                if text:
+                    child.history.append(Message("assistant", text))
+                rnd.turn_text = []
+                self._end_completed(child, rnd)
+                return
+            turns += 1
+            await self._run_tools(child, rnd, text, calls, limit_reached=not offered)
+            if not offered:  # the model ignored the tool limit: stop here
+                self._end_completed(child, rnd)
+                return
+
+    def _end_completed(self, child: _Child, rnd: _Round) -> None:
+        rnd.finished = True
+        child.completed_rounds += 1
+        _settle(rnd.future, Outcome("completed", "".join(rnd.emitted)))
+
+    def _specs(self) -> list[ToolSpec]:
+        specs = list(self.tools.specs()) if self.tools is not None else []
+        if self._on_ask_parent is not None:
+            specs = [s for s in specs if s.name != ASK_PARENT_TOOL]
+            specs.append(ASK_PARENT_SPEC)
+        return specs
+
+    def system_prompt(self, options: ChildOptions) -> str:
+        """The system message of a child's next request."""
+        base = options.system_prompt.strip() or DEFAULT_SYSTEM_PROMPT
+        sections = self.prompts.render(options.prompt_scope) if self.prompts else ""
+        return f"{base}\n\n{sections}" if sections else base
+
+    def request_messages(self, child_id: str) -> list[Message]:
+        """What the next model call of a live child would send."""
+        return self._request_messages(self._live(child_id))
+
+    def _request_messages(self, child: _Child) -> list[Message]:
+        messages = [Message("system", self.system_prompt(child.options))]
+        messages.extend(child.history)
+        messages = trim_to_window(messages, child.options.context_window)
+        return drop_unpaired_tool_calls(messages)
+
+    async def _stream(
+        self, child: _Child, rnd: _Round, tools: list[ToolSpec]
+    ) -> tuple[str, list[ToolCall]]:
+        handler = self.channels.output_handler(child.options.output)
+        messages = self._request_messages(child)
+        calls: list[ToolCall] = []
+        rnd.turn_text = []
+        self._set_state(child, ChildState.THINKING)
+        stream = self.provider.stream(messages, tools)
+        try:
+            async for delta in stream:
+                if delta.content:
+                    if rnd.first_delta:
+                        rnd.first_delta = False
+                        child.first_delta_ms = (time.perf_counter() - rnd.pushed_at) * 1e3
+                        self._set_state(child, ChildState.SPEAKING)
+                    rnd.turn_text.append(delta.content)
+                    rnd.emitted.append(delta.content)
+                    if handler is not None:
+                        await self._emit(child, handler, delta.content)
+                if delta.tool_calls:
+                    calls.extend(delta.tool_calls)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        return "".join(rnd.turn_text), calls
+
+    async def _emit(self, child: _Child, handler: OutputHandler, text: str) -> None:
+        try:
+            result = handler(text)
+            if result is not None and inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _LOGGER.exception(
+                "Output channel %s of %s failed", child.options.output, child.options.id
+            )
+
+    async def _run_tools(
+        self,
+        child: _Child,
+        rnd: _Round,
+        text: str,
+        calls: list[ToolCall],
+        *,
+        limit_reached: bool,
+    ) -> None:
+        results: list[Message] = []
+        rnd.group = (text, calls, results)
+        for call in calls:
+            if limit_reached:
+                result = json.dumps({"error": "tool turn limit reached; not run"})
+            else:
+                result = await self._call_tool(child, call)
+            results.append(Message("tool", result, tool_call_id=call.id))
+        child.history.append(Message("assistant", text, tool_calls=calls))
+        child.history.extend(results)
+        rnd.group = None
+        rnd.turn_text = []
+
+    async def _call_tool(self, child: _Child, call: ToolCall) -> str:
+        child.tool_calls += 1
+        if call.error:
+            return json.dumps({"error": call.error})
+        if call.name == ASK_PARENT_TOOL and self._on_ask_parent is not None:
+            return self._ask_parent(child, call)
+        if self.tools is None:
+            return json.dumps({"error": f"unknown tool {call.name!r}"})
+        child.critical += 1
+        child.tool_idle.clear()
+        self._set_state(child, ChildState.TOOL)
+        try:
+            result: Any = await self.tools.call(call)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a tool error is a result the model can read
+            _LOGGER.debug("Tool %s failed: %s", call.name, err)
+            result = json.dumps(
+                {"error": f"{type(err).__name__}: {err}" if str(err) else type(err).__name__}
+            )
+        finally:
+            child.critical -= 1
+            if child.critical == 0:
+                child.tool_idle.set()
+        if not isinstance(result, str):
+            result = json.dumps(result, default=str)
+        self._set_state(child, ChildState.THINKING)
+        return result
+
+    def _ask_parent(self, child: _Child, call: ToolCall) -> str:
+        text = call.arguments.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return json.dumps({"error": "ask_parent needs a non-empty 'text' string"})
+        assert self._on_ask_parent is not None
+        callback = self._on_ask_parent
+        child_id = child.options.id
+
+        def deliver() -> None:
+            try:
+                callback(child_id, text)
+            except Exception:
+                _LOGGER.exception("ask_parent delivery failed for %s", child_id)
+
+        child.loop.call_soon(deliver)
+        return json.dumps({"delivered": True})
+
+    def _end_cut(self, child: _Child, rnd: _Round) -> None:
+        """Settle a round ended by a newer input, interrupt() or stop."""
+        rnd.finished = True
+        error = "stopped" if child.stopped else None
+        if not rnd.model_called and not rnd.interrupt_requested:
+            # The input never reached the model: superseded, nothing committed.
+            if child.stopped:
+                _settle(rnd.future, Outcome("interrupted", error=error))
+                return
+            child.slot.dropped += 1
+            child.superseded_rounds += 1
+            _settle(rnd.future, Outcome("superseded"))
+            return
+        if not rnd.model_called:
+            child.history.append(Message("user", rnd.text))
+        self._commit_partial(child, rnd)
+        child.interrupted_rounds += 1
+        _settle(rnd.future, Outcome("interrupted", "".join(rnd.emitted), error))
+
+    def _commit_partial(self, child: _Child, rnd: _Round) -> None:
+        """Commit what a cut round really did: finished tools and emitted text."""
+        if rnd.group is not None:
+            text, calls, results = rnd.group
+            rnd.group = None
+            done = {r.tool_call_id for r in results}
+            finished = [c for c in calls if c.id in done]
+            if finished:
+                child.history.append(Message("assistant", text, tool_calls=finished))
+                child.history.extend(results)
+                rnd.turn_text = []
+                return
+        text = "".join(rnd.turn_text)
+        rnd.turn_text = []
+        if text:
+            child.history.append(Message("assistant", text, interrupted=True))
+
+    def _end_failed(self, child: _Child, rnd: _Round, err: Exception) -> None:
+        rnd.finished = True
+        if not rnd.model_called:
+            child.history.append(Message("user", rnd.text))
+        self._commit_partial(child, rnd)
+        child.failed_rounds += 1
+        message = str(err) or type(err).__name__
+        _LOGGER.warning(
+            "Round of %s failed: %s: %s", child.options.id, type(err).__name__, message
+        )
+        _settle(rnd.future, Outcome("failed", "".join(rnd.emitted), message))
+
+    def _set_state(self, child: _Child, state: ChildState) -> None:
+        if child.state is state:
+            return
+        child.state = state
+        if self._on_state is not None:
+            try:
+                self._on_state(child.options.id, state)
+            except Exception:
+                _LOGGER.exception("on_state callback failed")

@@ -1,0 +1,85 @@
+"""The full conversation as a parent reads it: text lines or raw JSON pages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from .errors import KernelError
+from .types import Message
+
+TOOL_RESULT_MAX_CHARS = 500
+ARGUMENT_MAX_CHARS = 80
+DEFAULT_PAGE_LIMIT = 40
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _argument_text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return _clip(text, ARGUMENT_MAX_CHARS)
+
+
+def format_transcript(messages: list[Message]) -> str:
+    """One line per message: user/assistant verbatim, tool calls and cut results."""
+    lines: list[str] = []
+    for message in messages:
+        if message.role == "tool":
+            lines.append(
+                f"[tool_result] {_clip(message.content, TOOL_RESULT_MAX_CHARS)}"
+            )
+            continue
+        if message.content or not message.tool_calls:
+            lines.append(f"[{message.role}] {message.content}")
+        for call in message.tool_calls or ():
+            args = " ".join(
+                f"{key}={_argument_text(call.arguments[key])}"
+                for key in sorted(call.arguments)
+            )
+            lines.append(f"[tool_call] {call.name} {args}".rstrip())
+    return "\n".join(lines)
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """JSON-ready form of a message (empty optional fields left out)."""
+    data: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        data["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        data["tool_call_id"] = message.tool_call_id
+    if message.interrupted:
+        data["interrupted"] = True
+    return data
+
+
+def transcript_page(
+    child_id: str,
+    messages: list[Message],
+    offset: int = 0,
+    limit: int = DEFAULT_PAGE_LIMIT,
+    fmt: Literal["text", "raw"] = "text",
+) -> str:
+    """One page of a transcript in ``text`` or ``raw`` (JSON) format."""
+    if offset < 0:
+        raise KernelError(f"offset must be >= 0, got {offset}")
+    if limit <= 0:
+        limit = DEFAULT_PAGE_LIMIT
+    page = messages[offset : offset + limit]
+    if fmt == "raw":
+        return json.dumps(
+            {
+                "id": child_id,
+                "offset": offset,
+                "total": len(messages),
+                "messages": [message_to_dict(m) for m in page],
+            },
+            ensure_ascii=False,
+        )
+    if fmt != "text":
+        raise KernelError(f"unknown transcript format {fmt!r} (use 'text' or 'raw')")
+    return format_transcript(page)
