@@ -23,6 +23,7 @@ from .kernel import (
     ChildStats,
     Kernel,
     Ticket,
+    current_child_id,
 )
 from .prompts import PromptRegistry, PromptSection
 from .transcript import format_transcript
@@ -62,6 +63,7 @@ __all__ = [
     "ToolCall",
     "ToolRunner",
     "ToolSpec",
+    "current_child_id",
     "drop_unpaired_tool_calls",
     "estimate_tokens",
     "format_transcript",

@@ -41,13 +41,26 @@ def estimate_tokens(text: str) -> int:
 
 
 def message_tokens(message: Message) -> int:
-    """Estimated tokens of one message, tool calls included."""
+    """Estimated tokens of one message, tool calls included.
+
+    The estimate is cached on the message (history messages are never edited; the
+    cache is keyed on the content object and the tool-call list so an edit still
+    re-estimates). Every model call trims the whole history, so this is a hot path.
+    """
+    cached = message.__dict__.get("_token_cache")
+    if (
+        cached is not None
+        and cached[0] is message.content
+        and cached[1] is message.tool_calls
+    ):
+        return cached[2]  # type: ignore[no-any-return]
     tokens = MESSAGE_OVERHEAD_TOKENS + estimate_tokens(message.content)
     if message.tool_calls:
         for call in message.tool_calls:
             tokens += estimate_tokens(call.name) + estimate_tokens(
                 json.dumps(call.arguments, ensure_ascii=False)
             )
+    message.__dict__["_token_cache"] = (message.content, message.tool_calls, tokens)
     return tokens
 
 

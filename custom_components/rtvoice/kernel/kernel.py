@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 import enum
 import inspect
@@ -21,7 +22,7 @@ import time
 from typing import Any, Literal
 
 from .channels import ChannelRegistry, OutputHandler
-from .context import drop_unpaired_tool_calls, trim_to_window
+from .context import drop_unpaired_tool_calls, message_tokens, trim_to_window
 from .errors import AgentNotRealtimeError, KernelError
 from .prompts import PromptRegistry
 from .slot import LatestSlot, PendingInput
@@ -52,6 +53,14 @@ ASK_PARENT_SPEC = ToolSpec(
         "required": ["text"],
     },
 )
+
+_CURRENT_CHILD: ContextVar[str | None] = ContextVar("rtvoice_child", default=None)
+
+
+def current_child_id() -> str | None:
+    """Id of the child whose round is running in this task (for tool runners)."""
+    return _CURRENT_CHILD.get()
+
 
 STOP_TOOL_TIMEOUT = 10.0
 ARCHIVE_LIMIT = 64
@@ -158,6 +167,8 @@ class _Child:
         self.loop = loop
         self.slot = LatestSlot()
         self.history: list[Message] = []
+        self.history_tokens = 0  # running estimate of the whole history
+
         self.tickets: dict[int, asyncio.Future[Outcome]] = {}
         self.round: _Round | None = None
         self.loop_task: asyncio.Task[None] | None = None
@@ -175,6 +186,12 @@ class _Child:
         self.failed_rounds = 0
         self.tool_calls = 0
         self.first_delta_ms: float | None = None
+
+    def commit(self, *messages: Message) -> None:
+        """Append to the history (never trimmed in place) and count its tokens."""
+        self.history.extend(messages)
+        for message in messages:
+            self.history_tokens += message_tokens(message)
 
 
 def _settle(future: asyncio.Future[Outcome] | None, outcome: Outcome) -> None:
@@ -475,6 +492,7 @@ class Kernel:
             self._end_cut(child, rnd)
 
     async def _run_round(self, child: _Child, rnd: _Round) -> None:
+        _CURRENT_CHILD.set(child.options.id)  # the round task has its own context
         try:
             await self._round_body(child, rnd)
         except asyncio.CancelledError:
@@ -496,12 +514,12 @@ class Kernel:
                 return
             if not rnd.model_called:
                 rnd.model_called = True
-                child.history.append(Message("user", rnd.text))
+                child.commit(Message("user", rnd.text))
             offered = specs if max_turns <= 0 or turns < max_turns else []
             text, calls = await self._stream(child, rnd, offered)
             if not calls:
                 if text:
-                    child.history.append(Message("assistant", text))
+                    child.commit(Message("assistant", text))
                 rnd.turn_text = []
                 self._end_completed(child, rnd)
                 return
@@ -534,9 +552,11 @@ class Kernel:
         return self._request_messages(self._live(child_id))
 
     def _request_messages(self, child: _Child) -> list[Message]:
-        messages = [Message("system", self.system_prompt(child.options))]
-        messages.extend(child.history)
-        messages = trim_to_window(messages, child.options.context_window)
+        system = Message("system", self.system_prompt(child.options))
+        messages = [system, *child.history]
+        window = child.options.context_window
+        if message_tokens(system) + child.history_tokens > window:
+            messages = trim_to_window(messages, window)  # whole groups, a new list
         return drop_unpaired_tool_calls(messages)
 
     async def _stream(
@@ -596,8 +616,7 @@ class Kernel:
             else:
                 result = await self._call_tool(child, call)
             results.append(Message("tool", result, tool_call_id=call.id))
-        child.history.append(Message("assistant", text, tool_calls=calls))
-        child.history.extend(results)
+        child.commit(Message("assistant", text, tool_calls=calls), *results)
         rnd.group = None
         rnd.turn_text = []
 
@@ -661,7 +680,7 @@ class Kernel:
             _settle(rnd.future, Outcome("superseded"))
             return
         if not rnd.model_called:
-            child.history.append(Message("user", rnd.text))
+            child.commit(Message("user", rnd.text))
         self._commit_partial(child, rnd)
         child.interrupted_rounds += 1
         _settle(rnd.future, Outcome("interrupted", "".join(rnd.emitted), error))
@@ -674,19 +693,20 @@ class Kernel:
             done = {r.tool_call_id for r in results}
             finished = [c for c in calls if c.id in done]
             if finished:
-                child.history.append(Message("assistant", text, tool_calls=finished))
-                child.history.extend(results)
+                child.commit(
+                    Message("assistant", text, tool_calls=finished), *results
+                )
                 rnd.turn_text = []
                 return
         text = "".join(rnd.turn_text)
         rnd.turn_text = []
         if text:
-            child.history.append(Message("assistant", text, interrupted=True))
+            child.commit(Message("assistant", text, interrupted=True))
 
     def _end_failed(self, child: _Child, rnd: _Round, err: Exception) -> None:
         rnd.finished = True
         if not rnd.model_called:
-            child.history.append(Message("user", rnd.text))
+            child.commit(Message("user", rnd.text))
         self._commit_partial(child, rnd)
         child.failed_rounds += 1
         message = str(err) or type(err).__name__
