@@ -1,0 +1,555 @@
+"""Config, reauth, reconfigure and options flows of Realtime Voice.
+
+The user first picks the "brain" that answers:
+
+- an OpenAI-compatible chat endpoint (OpenAI, Ollama, llama.cpp, vLLM, LM Studio …),
+  checked with a real request before the entry is created; or
+- an existing Home Assistant conversation agent (for installations without an LLM or
+  fully offline), which needs no network check.
+
+Unique ids: ``<base url without trailing slash>|<model>`` for an endpoint,
+``ha_agent:<agent id>`` for an agent, so the same brain cannot be added twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import logging
+import traceback
+from typing import Any
+
+import voluptuous as vol
+from yarl import URL
+
+from homeassistant.components import conversation
+from homeassistant.config_entries import (
+    ConfigEntry,
+    ConfigFlow,
+    ConfigFlowResult,
+    OptionsFlow,
+)
+from homeassistant.core import HomeAssistant, callback
+from homeassistant.data_entry_flow import AbortFlow
+from homeassistant.helpers import entity_registry as er, llm
+from homeassistant.helpers.httpx_client import get_async_client
+from homeassistant.helpers.selector import (
+    BooleanSelector,
+    ConversationAgentSelector,
+    NumberSelector,
+    NumberSelectorConfig,
+    NumberSelectorMode,
+    SelectOptionDict,
+    SelectSelector,
+    SelectSelectorConfig,
+    SelectSelectorMode,
+    TemplateSelector,
+    TextSelector,
+    TextSelectorConfig,
+    TextSelectorType,
+)
+
+from .const import (
+    BRAIN_HA_AGENT,
+    BRAIN_OPENAI,
+    CONF_AGENT_ID,
+    CONF_API_KEY,
+    CONF_BASE_URL,
+    CONF_BRAIN,
+    CONF_CARRY_OVER,
+    CONF_CONTEXT_WINDOW,
+    CONF_IDLE_TIMEOUT,
+    CONF_LLM_HASS_API,
+    CONF_MAX_TOOL_TURNS,
+    CONF_MODEL,
+    CONF_NAME,
+    CONF_PROMPT,
+    CONF_TEMPERATURE,
+    DEFAULT_AGENT_ID,
+    DEFAULT_BASE_URL,
+    DEFAULT_CARRY_OVER,
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_LLM_HASS_API,
+    DEFAULT_MAX_TOOL_TURNS,
+    DEFAULT_MODEL,
+    DEFAULT_NAME,
+    DEFAULT_OPTIONS_HA_AGENT,
+    DEFAULT_OPTIONS_OPENAI,
+    DEFAULT_PROMPT,
+    DEFAULT_TEMPERATURE,
+    DOMAIN,
+    LLM_API_NONE,
+    MAX_CONTEXT_WINDOW,
+    MAX_IDLE_TIMEOUT,
+    MAX_MAX_TOOL_TURNS,
+    MAX_TEMPERATURE,
+    MIN_CONTEXT_WINDOW,
+    MIN_IDLE_TIMEOUT,
+    MIN_MAX_TOOL_TURNS,
+    MIN_TEMPERATURE,
+    VALIDATION_TIMEOUT,
+)
+from .kernel.openai_provider import (
+    OpenAIChatProvider,
+    ProviderAuthError,
+    ProviderConnectionError,
+    ProviderModelNotFoundError,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+_NAME_SELECTOR = TextSelector()
+_URL_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.URL))
+_KEY_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.PASSWORD))
+_MODEL_SELECTOR = TextSelector()
+_AGENT_SELECTOR = ConversationAgentSelector()
+
+STEP_OPENAI_SCHEMA = vol.Schema(
+    {
+        vol.Required(CONF_NAME, default=DEFAULT_NAME): _NAME_SELECTOR,
+        vol.Required(CONF_BASE_URL, default=DEFAULT_BASE_URL): _URL_SELECTOR,
+        vol.Optional(CONF_API_KEY): _KEY_SELECTOR,
+        vol.Required(CONF_MODEL, default=DEFAULT_MODEL): _MODEL_SELECTOR,
+    }
+)
+STEP_HA_AGENT_SCHEMA = vol.Schema(
+    {
+        vol.Required(CONF_NAME, default=DEFAULT_NAME): _NAME_SELECTOR,
+        vol.Required(CONF_AGENT_ID, default=DEFAULT_AGENT_ID): _AGENT_SELECTOR,
+    }
+)
+STEP_REAUTH_SCHEMA = vol.Schema({vol.Required(CONF_API_KEY): _KEY_SELECTOR})
+STEP_RECONFIGURE_OPENAI_SCHEMA = vol.Schema(
+    {
+        vol.Required(CONF_BASE_URL): _URL_SELECTOR,
+        vol.Optional(CONF_API_KEY): _KEY_SELECTOR,
+        vol.Required(CONF_MODEL): _MODEL_SELECTOR,
+    }
+)
+STEP_RECONFIGURE_HA_AGENT_SCHEMA = vol.Schema(
+    {vol.Required(CONF_AGENT_ID): _AGENT_SELECTOR}
+)
+
+
+def normalize_base_url(base_url: str) -> str:
+    """Return the base URL as stored: no surrounding blanks, no trailing slash."""
+    return base_url.strip().rstrip("/")
+
+
+def openai_unique_id(base_url: str, model: str) -> str:
+    """Return the unique id of an entry that talks to ``model`` at ``base_url``."""
+    return f"{normalize_base_url(base_url)}|{model.strip()}"
+
+
+def ha_agent_unique_id(agent_id: str) -> str:
+    """Return the unique id of an entry delegating to the agent ``agent_id``."""
+    return f"{BRAIN_HA_AGENT}:{agent_id}"
+
+
+def _brain(entry: ConfigEntry) -> str:
+    """Return the brain of an entry (without the key: openai, the first brain)."""
+    return str(entry.data.get(CONF_BRAIN, BRAIN_OPENAI))
+
+
+def _with_api_key(data: Mapping[str, Any], api_key: str) -> dict[str, Any]:
+    """Copy of ``data`` holding ``api_key``, or no key at all when it is empty."""
+    updated = {key: value for key, value in data.items() if key != CONF_API_KEY}
+    if api_key:
+        updated[CONF_API_KEY] = api_key
+    return updated
+
+
+def _format_errors(base_url: str, model: str) -> dict[str, str]:
+    """Errors in the endpoint fields that need no network to find."""
+    errors: dict[str, str] = {}
+    url = URL(base_url)
+    if url.scheme not in ("http", "https") or not url.host:
+        errors[CONF_BASE_URL] = "invalid_url"
+    if not model:
+        errors[CONF_MODEL] = "model_required"
+    return errors
+
+
+async def async_validate_openai(
+    hass: HomeAssistant, base_url: str, api_key: str, model: str
+) -> dict[str, str]:
+    """Check that the endpoint answers, accepts the key and knows the model.
+
+    Returns the form errors (empty when everything is fine). The API key is never
+    logged.
+    """
+    provider = OpenAIChatProvider(
+        base_url=base_url,
+        api_key=api_key or None,
+        model=model,
+        http_client=get_async_client(hass),
+        timeout=VALIDATION_TIMEOUT,
+    )
+    try:
+        await provider.validate()
+    except ProviderAuthError:
+        return {"base": "invalid_auth"}
+    except ProviderModelNotFoundError:
+        return {"base": "model_not_found"}
+    except ProviderConnectionError:
+        return {"base": "cannot_connect"}
+    except Exception as err:  # noqa: BLE001 - logged below, with the key masked
+        # Not LOGGER.exception: the chained SDK error may quote the server's answer,
+        # and servers echo keys back. Log the same traceback with the key masked.
+        details = "".join(traceback.format_exception(err))
+        if api_key:
+            details = details.replace(api_key, "***")
+        _LOGGER.error(
+            "Unexpected error while checking model %s at %s\n%s",
+            model,
+            base_url,
+            details,
+        )
+        return {"base": "unknown"}
+    return {}
+
+
+@callback
+def _agent_errors(hass: HomeAssistant, agent_id: str) -> dict[str, str]:
+    """Errors for a conversation agent chosen as the brain."""
+    entity = er.async_get(hass).async_get(agent_id)
+    if entity is not None and entity.platform == DOMAIN:
+        # Delegating to one of our own agents would loop forever.
+        return {CONF_AGENT_ID: "agent_is_self"}
+    if conversation.async_get_agent_info(hass, agent_id) is None:
+        return {CONF_AGENT_ID: "agent_not_found"}
+    return {}
+
+
+class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
+    """Set up a Realtime Voice brain."""
+
+    VERSION = 1
+    MINOR_VERSION = 1
+
+    @staticmethod
+    @callback
+    def async_get_options_flow(config_entry: ConfigEntry) -> OptionsFlow:
+        """Options of an entry (HA sets ``config_entry`` on the flow itself)."""
+        return RealtimeVoiceOptionsFlow()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    @callback
+    def _abort_if_taken_by_other_entry(
+        self, entry: ConfigEntry, unique_id: str
+    ) -> None:
+        """Abort when another entry already owns ``unique_id`` (reconfigure)."""
+        other = self.hass.config_entries.async_entry_for_domain_unique_id(
+            DOMAIN, unique_id
+        )
+        if other is not None and other.entry_id != entry.entry_id:
+            raise AbortFlow("already_configured")
+
+    # -- user: pick a brain ------------------------------------------------------------
+
+    async def async_step_user(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Let the user choose which brain answers."""
+        return self.async_show_menu(
+            step_id="user", menu_options=[BRAIN_OPENAI, BRAIN_HA_AGENT]
+        )
+
+    async def async_step_openai(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Connect an OpenAI-compatible chat endpoint."""
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            base_url = normalize_base_url(user_input[CONF_BASE_URL])
+            model = user_input[CONF_MODEL].strip()
+            api_key = user_input.get(CONF_API_KEY, "").strip()
+            errors = _format_errors(base_url, model)
+            if not errors:
+                await self.async_set_unique_id(openai_unique_id(base_url, model))
+                self._abort_if_unique_id_configured()
+                errors = await async_validate_openai(
+                    self.hass, base_url, api_key, model
+                )
+            if not errors:
+                return self.async_create_entry(
+                    title=user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                    data=_with_api_key(
+                        {
+                            CONF_BRAIN: BRAIN_OPENAI,
+                            CONF_BASE_URL: base_url,
+                            CONF_MODEL: model,
+                        },
+                        api_key,
+                    ),
+                    options=dict(DEFAULT_OPTIONS_OPENAI),
+                )
+        return self.async_show_form(
+            step_id=BRAIN_OPENAI,
+            data_schema=self.add_suggested_values_to_schema(
+                STEP_OPENAI_SCHEMA, user_input
+            ),
+            errors=errors,
+        )
+
+    async def async_step_ha_agent(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Delegate to an existing Home Assistant conversation agent (no LLM)."""
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            agent_id = user_input[CONF_AGENT_ID]
+            await self.async_set_unique_id(ha_agent_unique_id(agent_id))
+            self._abort_if_unique_id_configured()
+            errors = _agent_errors(self.hass, agent_id)
+            if not errors:
+                return self.async_create_entry(
+                    title=user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                    data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: agent_id},
+                    options=dict(DEFAULT_OPTIONS_HA_AGENT),
+                )
+        return self.async_show_form(
+            step_id=BRAIN_HA_AGENT,
+            data_schema=self.add_suggested_values_to_schema(
+                STEP_HA_AGENT_SCHEMA, user_input
+            ),
+            errors=errors,
+        )
+
+    # -- reauth (openai brain) ---------------------------------------------------------
+
+    async def async_step_reauth(
+        self, entry_data: Mapping[str, Any]
+    ) -> ConfigFlowResult:
+        """Handle an endpoint that rejected the stored API key."""
+        if entry_data.get(CONF_BRAIN, BRAIN_OPENAI) != BRAIN_OPENAI:
+            return self.async_abort(reason="reauth_not_supported")
+        return await self.async_step_reauth_confirm()
+
+    async def async_step_reauth_confirm(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Ask for a new API key and check it."""
+        entry = self._get_reauth_entry()
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            api_key = user_input[CONF_API_KEY].strip()
+            errors = await async_validate_openai(
+                self.hass, entry.data[CONF_BASE_URL], api_key, entry.data[CONF_MODEL]
+            )
+            if not errors:
+                return self.async_update_reload_and_abort(
+                    entry, data=_with_api_key(entry.data, api_key)
+                )
+        return self.async_show_form(
+            step_id="reauth_confirm",
+            data_schema=STEP_REAUTH_SCHEMA,
+            errors=errors,
+            description_placeholders={
+                "name": entry.title,
+                "base_url": entry.data[CONF_BASE_URL],
+                "model": entry.data[CONF_MODEL],
+            },
+        )
+
+    # -- reconfigure -------------------------------------------------------------------
+
+    async def async_step_reconfigure(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Change the brain's connection (endpoint or agent)."""
+        if _brain(self._get_reconfigure_entry()) == BRAIN_HA_AGENT:
+            return await self.async_step_reconfigure_ha_agent()
+        return await self.async_step_reconfigure_openai()
+
+    async def async_step_reconfigure_openai(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Change base URL, API key or model of an endpoint entry.
+
+        An empty key keeps the stored key while the base URL stays the same; a key is
+        never carried over to a different server.
+        """
+        entry = self._get_reconfigure_entry()
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            base_url = normalize_base_url(user_input[CONF_BASE_URL])
+            model = user_input[CONF_MODEL].strip()
+            api_key = user_input.get(CONF_API_KEY, "").strip()
+            if not api_key and base_url == entry.data[CONF_BASE_URL]:
+                api_key = entry.data.get(CONF_API_KEY, "")
+            unique_id = openai_unique_id(base_url, model)
+            errors = _format_errors(base_url, model)
+            if not errors:
+                self._abort_if_taken_by_other_entry(entry, unique_id)
+                errors = await async_validate_openai(
+                    self.hass, base_url, api_key, model
+                )
+            if not errors:
+                return self.async_update_reload_and_abort(
+                    entry,
+                    unique_id=unique_id,
+                    data=_with_api_key(
+                        {**entry.data, CONF_BASE_URL: base_url, CONF_MODEL: model},
+                        api_key,
+                    ),
+                )
+        # The stored key is never sent to the frontend; what the user just typed is.
+        suggested: dict[str, Any] = {
+            CONF_BASE_URL: entry.data[CONF_BASE_URL],
+            CONF_MODEL: entry.data[CONF_MODEL],
+            **(user_input or {}),
+        }
+        return self.async_show_form(
+            step_id="reconfigure_openai",
+            data_schema=self.add_suggested_values_to_schema(
+                STEP_RECONFIGURE_OPENAI_SCHEMA, suggested
+            ),
+            errors=errors,
+            description_placeholders={"name": entry.title},
+        )
+
+    async def async_step_reconfigure_ha_agent(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Change the conversation agent of an agent entry."""
+        entry = self._get_reconfigure_entry()
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            agent_id = user_input[CONF_AGENT_ID]
+            unique_id = ha_agent_unique_id(agent_id)
+            self._abort_if_taken_by_other_entry(entry, unique_id)
+            errors = _agent_errors(self.hass, agent_id)
+            if not errors:
+                return self.async_update_reload_and_abort(
+                    entry,
+                    unique_id=unique_id,
+                    data_updates={CONF_AGENT_ID: agent_id},
+                )
+        return self.async_show_form(
+            step_id="reconfigure_ha_agent",
+            data_schema=self.add_suggested_values_to_schema(
+                STEP_RECONFIGURE_HA_AGENT_SCHEMA,
+                user_input or {CONF_AGENT_ID: entry.data[CONF_AGENT_ID]},
+            ),
+            errors=errors,
+            description_placeholders={"name": entry.title},
+        )
+
+
+class RealtimeVoiceOptionsFlow(OptionsFlow):
+    """Prompt, tools and conversation behaviour of an entry.
+
+    The ha_agent brain shows no tool, temperature, context window or tool-turn
+    options: the delegated agent handles those itself.
+    """
+
+    async def async_step_init(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Show and store the options."""
+        brain = _brain(self.config_entry)
+        if user_input is not None:
+            return self.async_create_entry(data=_options_from_input(brain, user_input))
+        if brain == BRAIN_OPENAI:
+            current = {**DEFAULT_OPTIONS_OPENAI, **self.config_entry.options}
+            apis = _llm_api_choices(self.hass)
+            if current[CONF_LLM_HASS_API] not in {api["value"] for api in apis}:
+                # The stored API is gone (its integration was removed): offer Assist.
+                current[CONF_LLM_HASS_API] = DEFAULT_LLM_HASS_API
+            schema = _options_schema(apis)
+        else:
+            current = {**DEFAULT_OPTIONS_HA_AGENT, **self.config_entry.options}
+            schema = _options_schema(None)
+        return self.async_show_form(
+            step_id="init",
+            data_schema=self.add_suggested_values_to_schema(schema, current),
+        )
+
+
+def _llm_api_choices(hass: HomeAssistant) -> list[SelectOptionDict]:
+    """Return the HA LLM APIs the model may use for tools, plus "none"."""
+    return [
+        SelectOptionDict(value=LLM_API_NONE, label="No tools"),
+        *(
+            SelectOptionDict(value=api.id, label=api.name)
+            for api in llm.async_get_apis(hass)
+        ),
+    ]
+
+
+def _options_schema(apis: list[SelectOptionDict] | None) -> vol.Schema:
+    """Options schema; the model options only when ``apis`` (openai brain) is given."""
+    schema: dict[vol.Marker, Any] = {vol.Optional(CONF_PROMPT): TemplateSelector()}
+    if apis is not None:
+        schema[vol.Required(CONF_LLM_HASS_API, default=DEFAULT_LLM_HASS_API)] = (
+            SelectSelector(
+                SelectSelectorConfig(options=apis, mode=SelectSelectorMode.DROPDOWN)
+            )
+        )
+        schema[vol.Required(CONF_CONTEXT_WINDOW, default=DEFAULT_CONTEXT_WINDOW)] = (
+            NumberSelector(
+                NumberSelectorConfig(
+                    min=MIN_CONTEXT_WINDOW,
+                    max=MAX_CONTEXT_WINDOW,
+                    step=1,
+                    mode=NumberSelectorMode.BOX,
+                    unit_of_measurement="tokens",
+                )
+            )
+        )
+        schema[vol.Required(CONF_MAX_TOOL_TURNS, default=DEFAULT_MAX_TOOL_TURNS)] = (
+            NumberSelector(
+                NumberSelectorConfig(
+                    min=MIN_MAX_TOOL_TURNS,
+                    max=MAX_MAX_TOOL_TURNS,
+                    step=1,
+                    mode=NumberSelectorMode.BOX,
+                )
+            )
+        )
+        schema[vol.Required(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE)] = (
+            NumberSelector(
+                NumberSelectorConfig(
+                    min=MIN_TEMPERATURE,
+                    max=MAX_TEMPERATURE,
+                    step=0.05,
+                    mode=NumberSelectorMode.SLIDER,
+                )
+            )
+        )
+    schema[vol.Required(CONF_IDLE_TIMEOUT, default=DEFAULT_IDLE_TIMEOUT)] = (
+        NumberSelector(
+            NumberSelectorConfig(
+                min=MIN_IDLE_TIMEOUT,
+                max=MAX_IDLE_TIMEOUT,
+                step=1,
+                mode=NumberSelectorMode.BOX,
+                unit_of_measurement="s",
+            )
+        )
+    )
+    schema[vol.Required(CONF_CARRY_OVER, default=DEFAULT_CARRY_OVER)] = (
+        BooleanSelector()
+    )
+    return vol.Schema(schema)
+
+
+def _options_from_input(brain: str, user_input: dict[str, Any]) -> dict[str, Any]:
+    """Typed options from the submitted form (number selectors return floats)."""
+    options: dict[str, Any] = {
+        CONF_PROMPT: user_input.get(CONF_PROMPT, DEFAULT_PROMPT).strip(),
+        CONF_IDLE_TIMEOUT: int(user_input[CONF_IDLE_TIMEOUT]),
+        CONF_CARRY_OVER: bool(user_input[CONF_CARRY_OVER]),
+    }
+    if brain == BRAIN_OPENAI:
+        options.update(
+            {
+                CONF_LLM_HASS_API: user_input[CONF_LLM_HASS_API],
+                CONF_CONTEXT_WINDOW: int(user_input[CONF_CONTEXT_WINDOW]),
+                CONF_MAX_TOOL_TURNS: int(user_input[CONF_MAX_TOOL_TURNS]),
+                CONF_TEMPERATURE: float(user_input[CONF_TEMPERATURE]),
+            }
+        )
+    return options

@@ -1,0 +1,106 @@
+"""Constants of the Realtime Voice integration.
+
+Every config entry key, option key and default lives here, so each concept has exactly
+one definition that the config flow, the conversation agent and the tests share.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DOMAIN: Final = "rtvoice"
+
+DEFAULT_NAME: Final = "Realtime Voice"
+
+# --- config entry data ----------------------------------------------------------------
+
+# Which "brain" answers: an OpenAI-compatible chat endpoint, or an existing Home
+# Assistant conversation agent (offline / no LLM).
+CONF_BRAIN: Final = "brain"
+BRAIN_OPENAI: Final = "openai"
+BRAIN_HA_AGENT: Final = "ha_agent"
+
+CONF_NAME: Final = "name"
+
+# OpenAI-compatible brain. The API key is optional (local servers need none) and is
+# absent from the entry data when not set.
+CONF_BASE_URL: Final = "base_url"
+CONF_API_KEY: Final = "api_key"
+CONF_MODEL: Final = "model"
+DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
+DEFAULT_MODEL: Final = "gpt-4o-mini"
+# Seconds allowed for the connection check of the config flow.
+VALIDATION_TIMEOUT: Final = 15.0
+
+# Home Assistant conversation agent brain: an agent id as the conversation agent
+# selector returns it (an entity id, or a legacy agent's config entry id).
+CONF_AGENT_ID: Final = "agent_id"
+DEFAULT_AGENT_ID: Final = "conversation.home_assistant"  # the built-in intent agent
+
+# --- options ----------------------------------------------------------------------------
+
+# System prompt template; empty = the kernel's built-in realtime prompt.
+CONF_PROMPT: Final = "prompt"
+DEFAULT_PROMPT: Final = ""
+
+# Home Assistant LLM API whose tools the model may call (openai brain only).
+CONF_LLM_HASS_API: Final = "llm_hass_api"
+LLM_API_NONE: Final = "none"  # no tools
+DEFAULT_LLM_HASS_API: Final = "assist"  # homeassistant.helpers.llm.LLM_API_ASSIST
+
+# Token window of the context sent to the model (openai brain only).
+CONF_CONTEXT_WINDOW: Final = "context_window"
+DEFAULT_CONTEXT_WINDOW: Final = 8000
+MIN_CONTEXT_WINDOW: Final = 1000
+MAX_CONTEXT_WINDOW: Final = 200000
+
+# Tool-call turns per round, 0 = unlimited (openai brain only).
+CONF_MAX_TOOL_TURNS: Final = "max_tool_turns"
+DEFAULT_MAX_TOOL_TURNS: Final = 0
+MIN_MAX_TOOL_TURNS: Final = 0
+MAX_MAX_TOOL_TURNS: Final = 50
+
+# Sampling temperature (openai brain only).
+CONF_TEMPERATURE: Final = "temperature"
+DEFAULT_TEMPERATURE: Final = 0.7
+MIN_TEMPERATURE: Final = 0.0
+MAX_TEMPERATURE: Final = 2.0
+
+# Seconds without input after which a conversation closes (transcript hand-off).
+CONF_IDLE_TIMEOUT: Final = "idle_timeout"
+DEFAULT_IDLE_TIMEOUT: Final = 300
+MIN_IDLE_TIMEOUT: Final = 10
+MAX_IDLE_TIMEOUT: Final = 3600
+
+# Carry an input superseded before any output over into the next input.
+CONF_CARRY_OVER: Final = "carry_over"
+DEFAULT_CARRY_OVER: Final = True
+
+# Options offered (and created with the entry) per brain. The ha_agent brain delegates
+# tools, sampling and context handling to the chosen agent.
+DEFAULT_OPTIONS_HA_AGENT: Final = {
+    CONF_PROMPT: DEFAULT_PROMPT,
+    CONF_IDLE_TIMEOUT: DEFAULT_IDLE_TIMEOUT,
+    CONF_CARRY_OVER: DEFAULT_CARRY_OVER,
+}
+DEFAULT_OPTIONS_OPENAI: Final = {
+    CONF_PROMPT: DEFAULT_PROMPT,
+    CONF_LLM_HASS_API: DEFAULT_LLM_HASS_API,
+    CONF_CONTEXT_WINDOW: DEFAULT_CONTEXT_WINDOW,
+    CONF_MAX_TOOL_TURNS: DEFAULT_MAX_TOOL_TURNS,
+    CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
+    CONF_IDLE_TIMEOUT: DEFAULT_IDLE_TIMEOUT,
+    CONF_CARRY_OVER: DEFAULT_CARRY_OVER,
+}
+
+# --- events and signals -------------------------------------------------------------------
+
+# Fired when a conversation closes: data id, messages, chars, satellite (no text).
+EVENT_CONVERSATION_CLOSED: Final = "rtvoice_conversation_closed"
+# Fired when a conversation's model asks the parent: data id, text, satellite.
+EVENT_ASK_PARENT: Final = "rtvoice_ask_parent"
+# Dispatcher signal (format with the entry id) sent by the SessionManager whenever a
+# conversation's state or counters change: args (satellite_entity_id | None, SessionSnapshot).
+SIGNAL_SESSION_UPDATE: Final = "rtvoice_session_update_{}"
+# Owner of the global prompt sections that come from Home Assistant itself.
+PROMPT_OWNER_HASS: Final = "hass"
