@@ -1,0 +1,1 @@
+"""Tests of the realtime kernel (no Home Assistant needed)."""

@@ -1,0 +1,1 @@
+"""Real protocol peers (loopback servers) for tests."""
