@@ -8,6 +8,7 @@ realtime child). When a child stops its channels keep pointing at it ("dangling"
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 import enum
@@ -106,7 +107,7 @@ class ChannelRegistry:
         """Every channel, sorted by name."""
         return [self._channels[name] for name in sorted(self._channels)]
 
-    def realtime_names(self) -> list[str]:
+    def realtime_names(self) -> builtins.list[str]:
         """Names of RT channels with their owners, for actionable error messages."""
         return [
             f"{ch.name} ({ch.kind}, owner: {ch.owner or 'unassigned'})"
@@ -158,7 +159,7 @@ class ChannelRegistry:
         channel = self._channels.get(name)
         return channel.handler if channel is not None else None
 
-    def report_dangling(self, owner: str) -> list[str]:
+    def report_dangling(self, owner: str) -> builtins.list[str]:
         """Channels still owned by a stopped child; logged, not handed back."""
         names = [ch.name for ch in self.list() if ch.owner == owner]
         if names:

@@ -515,8 +515,8 @@ class Kernel:
             if not rnd.model_called:
                 rnd.model_called = True
                 child.commit(Message("user", rnd.text))
-            offered = specs if max_turns <= 0 or turns < max_turns else []
-            text, calls = await self._stream(child, rnd, offered)
+            limit_reached = 0 < max_turns <= turns
+            text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
             if not calls:
                 if text:
                     child.commit(Message("assistant", text))
@@ -524,8 +524,8 @@ class Kernel:
                 self._end_completed(child, rnd)
                 return
             turns += 1
-            await self._run_tools(child, rnd, text, calls, limit_reached=not offered)
-            if not offered:  # the model ignored the tool limit: stop here
+            await self._run_tools(child, rnd, text, calls, limit_reached=limit_reached)
+            if limit_reached:  # the model ignored the tool limit: stop here
                 self._end_completed(child, rnd)
                 return
 
@@ -644,10 +644,9 @@ class Kernel:
             child.critical -= 1
             if child.critical == 0:
                 child.tool_idle.set()
-        if not isinstance(result, str):
-            result = json.dumps(result, default=str)
+        text = result if isinstance(result, str) else json.dumps(result, default=str)
         self._set_state(child, ChildState.THINKING)
-        return result
+        return text
 
     def _ask_parent(self, child: _Child, call: ToolCall) -> str:
         text = call.arguments.get("text")
