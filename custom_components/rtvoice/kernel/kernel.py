@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import Context, ContextVar
 from dataclasses import dataclass, replace
 import enum
 import inspect
@@ -267,8 +267,11 @@ class Kernel:
             available = ", ".join(self.channels.realtime_names()) or "none"
             raise type(err)(f"{err}. RT channels: {available}") from err
         child = _Child(options, asyncio.get_running_loop())
+        # A fresh context: the child must not inherit the context variables of
+        # whoever spawned it (e.g. a caller's chat log or trace), since its rounds
+        # outlive that caller and serve later callers.
         child.loop_task = asyncio.create_task(
-            self._child_loop(child), name=f"rtvoice child {options.id}"
+            self._child_loop(child), name=f"rtvoice child {options.id}", context=Context()
         )
         self._children[options.id] = child
         _LOGGER.debug(

@@ -1,0 +1,265 @@
+"""Every Home Assistant version difference of DESIGN §8, in one place.
+
+Home Assistant 2025.4 is what runs (and is tested) here; 2026.x cannot be installed
+on these machines but must work too. Each difference is guarded by *feature
+detection* (``getattr``/``hasattr``/a signature check/a try-import), never by
+comparing version numbers, so an intermediate release that has one change but not
+another still takes the right branch for each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+import dataclasses
+from datetime import date, datetime, time
+from decimal import Decimal
+import enum
+import inspect
+import json
+import logging
+from typing import Any
+
+from homeassistant.components import conversation
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import llm
+
+from .const import DOMAIN
+
+_LOGGER = logging.getLogger(__name__)
+
+# The exposure settings the Assist API filters by belong to the "conversation"
+# assistant; an LLM context naming it only reaches exposed entities.
+ASSISTANT = conversation.DOMAIN
+
+
+# ── ConversationInput.satellite_id (2026.x only) ──────────────────────────────
+
+
+def satellite_id(user_input: Any) -> str | None:
+    """Return the satellite entity id of a conversation input, if HA provides it.
+
+    ``ConversationInput.satellite_id`` exists from 2026.x on; 2025.4 has no such
+    field, so this returns None there.
+    """
+    value = getattr(user_input, "satellite_id", None)
+    return value if isinstance(value, str) and value else None
+
+
+# ── llm.LLMContext (fields changed: user_prompt gone, agent_id added) ─────────
+
+
+def llm_context(
+    hass: HomeAssistant | None, source: Any, platform: str = DOMAIN
+) -> llm.LLMContext:
+    """Build the ``llm.LLMContext`` for a conversation input or a turn context.
+
+    ``source`` is a ``ConversationInput`` or anything with the same attribute names
+    (``context``, ``language``, ``device_id``, optionally ``text``, ``agent_id``,
+    ``satellite_id``), e.g. ``brain.TurnContext``. An input that knows how to build
+    its own context (``as_llm_context``, newer HA) is asked to; otherwise the context
+    is built from the fields ``llm.LLMContext`` has in this HA version. Fields this
+    function does not know and that have no default are set to None.
+    """
+    as_llm_context = getattr(source, "as_llm_context", None)
+    if callable(as_llm_context):
+        result: llm.LLMContext = as_llm_context(platform)
+        return result
+
+    language = getattr(source, "language", None)
+    if not language and hass is not None:
+        language = hass.config.language
+    known: dict[str, Any] = {
+        "platform": platform,
+        "context": getattr(source, "context", None),
+        "user_prompt": getattr(source, "text", None),
+        "language": language,
+        "assistant": ASSISTANT,
+        "device_id": getattr(source, "device_id", None),
+        "agent_id": getattr(source, "agent_id", None),
+        "satellite_id": satellite_id(source),
+    }
+    context_cls = llm.LLMContext  # looked up now: tests swap in other HA shapes
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(context_cls):
+        if not field.init:
+            continue
+        if field.name in known:
+            kwargs[field.name] = known[field.name]
+        elif (
+            field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+        ):
+            kwargs[field.name] = None
+    return context_cls(**kwargs)
+
+
+# ── ChatLog.async_update_llm_data -> async_provide_llm_data ───────────────────
+
+
+async def async_provide_llm_data(
+    chat_log: Any,
+    user_input: Any,
+    *,
+    llm_hass_api: str | list[str] | None = None,
+    prompt: str | None = None,
+    extra_system_prompt: str | None = None,
+    platform: str = DOMAIN,
+) -> None:
+    """Give a chat log its system prompt and LLM API, whichever method HA has.
+
+    Newer HA: ``chat_log.async_provide_llm_data(llm_context, api, prompt, extra)``.
+    2025.4: ``chat_log.async_update_llm_data(domain, user_input, api, prompt)``; the
+    extra system prompt is then read from ``user_input`` by HA itself.
+    """
+    if hasattr(chat_log, "async_provide_llm_data"):
+        if extra_system_prompt is None:
+            extra_system_prompt = getattr(user_input, "extra_system_prompt", None)
+        await chat_log.async_provide_llm_data(
+            llm_context(getattr(chat_log, "hass", None), user_input, platform),
+            llm_hass_api,
+            prompt,
+            extra_system_prompt,
+        )
+        return
+    await chat_log.async_update_llm_data(platform, user_input, llm_hass_api, prompt)
+
+
+# ── tool results: a dict (2025.4) or an llm.ToolResult-like object (2026.x) ───
+
+
+def _jsonable(value: Any) -> Any:
+    """Serialise what ``json`` cannot: HA objects, enums, dates and sets."""
+    as_dict = getattr(value, "as_dict", None)
+    if callable(as_dict):
+        return as_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+def tool_result_to_text(result: Any) -> str:
+    """Return a tool result as the JSON text the model reads.
+
+    Accepts a plain dict (HA 2025.4 returns ``JsonObjectType``, sometimes a dict
+    subclass), an object that can describe itself (``as_dict()``, a dataclass — the
+    shape of ``llm.ToolResult`` in newer HA), a string (passed through) or any
+    other JSON-able value.
+    """
+    if isinstance(result, str):
+        return result
+    payload: Any
+    if isinstance(result, Mapping):
+        payload = dict(result)
+    elif result is None or isinstance(result, (list, int, float, bool)):
+        payload = result
+    else:
+        payload = _jsonable(result)
+    return json.dumps(payload, ensure_ascii=False, default=_jsonable)
+
+
+# ── schema conversion: voluptuous_openapi.convert -> probatio.to_openapi ──────
+
+
+def convert_schema(
+    schema: Any, custom_serializer: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """Convert a tool's parameter schema to a JSON schema (OpenAPI flavour).
+
+    Newer HA validates with ``probatio`` and converts with ``probatio.to_openapi``;
+    2025.4 uses ``voluptuous_openapi.convert``. The new converter is tried first.
+    """
+    try:
+        from probatio import to_openapi  # noqa: PLC0415
+    except ImportError:
+        from voluptuous_openapi import convert  # noqa: PLC0415
+
+        converted: dict[str, Any] = convert(schema, custom_serializer=custom_serializer)
+        return converted
+    if custom_serializer is None:
+        result: dict[str, Any] = to_openapi(schema)
+    else:
+        result = to_openapi(schema, custom_serializer=custom_serializer)
+    return result
+
+
+# ── streaming TTS: ResultStream.async_set_message_stream (2026.x only) ────────
+
+
+def supports_streaming_tts(result_stream: Any = None) -> bool:
+    """Whether a TTS result stream accepts a stream of text (newer HA).
+
+    With no argument the check is made on ``tts.ResultStream`` itself. Without
+    streaming TTS the caller synthesises sentence by sentence instead.
+    """
+    target = result_stream
+    if target is None:
+        try:
+            from homeassistant.components.tts import ResultStream  # noqa: PLC0415
+        except ImportError:
+            return False
+        target = ResultStream
+    return callable(getattr(target, "async_set_message_stream", None))
+
+
+# ── conversation.async_converse (satellite_id keyword in 2026.x only) ─────────
+
+
+def _accepted_keywords(func: Callable[..., Any]) -> frozenset[str] | None:
+    """Return the keyword names ``func`` accepts; None when it takes ``**kwargs``.
+
+    Not cached: the callable may be unhashable, and it is one check per round.
+    """
+    parameters = inspect.signature(func).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(
+        p.name
+        for p in parameters
+        if p.kind
+        in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+
+
+async def async_converse(
+    hass: HomeAssistant,
+    *,
+    text: str,
+    conversation_id: str | None,
+    context: Any,
+    language: str | None = None,
+    agent_id: str | None = None,
+    device_id: str | None = None,
+    satellite_id: str | None = None,
+    extra_system_prompt: str | None = None,
+) -> conversation.ConversationResult:
+    """Call ``conversation.async_converse`` with keywords only.
+
+    Keywords this HA version's ``async_converse`` does not have (``satellite_id``
+    on 2025.4, where ``ConversationInput`` rejects it) are left out.
+    """
+    func = conversation.async_converse  # looked up now: wrapped in tests
+    kwargs: dict[str, Any] = {
+        "text": text,
+        "conversation_id": conversation_id,
+        "context": context,
+        "language": language,
+        "agent_id": agent_id,
+        "device_id": device_id,
+        "satellite_id": satellite_id,
+        "extra_system_prompt": extra_system_prompt,
+    }
+    accepted = _accepted_keywords(func)
+    if accepted is not None:
+        for name in [name for name in kwargs if name not in accepted]:
+            if kwargs.pop(name) is not None:
+                _LOGGER.debug("async_converse has no %s parameter; not passed", name)
+    result: conversation.ConversationResult = await func(hass, **kwargs)
+    return result

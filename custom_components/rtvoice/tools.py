@@ -1,0 +1,190 @@
+"""The kernel's ``ToolRunner`` over a Home Assistant LLM API (Assist by default).
+
+The kernel runs every tool call itself, each inside a critical section (DESIGN §5.3):
+never through the chat log's own runner, which HA's cancellation could cut short.
+Per conversation (kernel child) the runner keeps the ``llm.APIInstance`` built for
+that conversation's current turn (user context, language, device), so a tool acts
+with the rights and the area of the satellite that asked, and only on the entities
+exposed to Assist: the LLM context names the ``conversation`` assistant, whose
+exposure settings HA's Assist API enforces when it matches targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import voluptuous as vol
+
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
+from homeassistant.helpers import llm
+
+from . import compat
+from .const import DEFAULT_LLM_HASS_API, DOMAIN, PROMPT_OWNER_HASS
+from .kernel import PromptRegistry, PromptSection, ToolCall, ToolSpec, current_child_id
+
+if TYPE_CHECKING:
+    from .brain import TurnContext
+
+_LOGGER = logging.getLogger(__name__)
+
+# HA's LLM API prompt, one global prompt section (rendered for every conversation).
+API_PROMPT_SECTION = f"{PROMPT_OWNER_HASS}.llm_api"
+API_PROMPT_ORDER = 100
+
+type ToolResultHook = Callable[[str, ToolCall, str], None]
+
+
+def error_text(error: BaseException | str) -> str:
+    """Return a tool error as the JSON text the model reads.
+
+    Same shape as Home Assistant's own chat log uses for failed tool calls.
+    """
+    if isinstance(error, str):
+        return json.dumps({"error": error}, ensure_ascii=False)
+    result = {"error": type(error).__name__}
+    if text := str(error):
+        result["error_text"] = text
+    return json.dumps(result, ensure_ascii=False)
+
+
+@dataclass
+class _Prepared:
+    """The API instance of one conversation's current turn and its tool specs."""
+
+    instance: llm.APIInstance
+    specs: list[ToolSpec]
+
+
+class HaToolRunner:
+    """Runs the tools of one HA LLM API for every conversation of an entry.
+
+    ``async_prepare`` (before each input) fetches the API instance for the turn;
+    ``specs``/``call`` serve the child whose round is running
+    (``kernel.current_child_id()``). Every HA error becomes a readable error result;
+    nothing a tool does can crash a round.
+    """
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        prompts: PromptRegistry | None = None,
+        api_id: str | list[str] = DEFAULT_LLM_HASS_API,
+        *,
+        platform: str = DOMAIN,
+    ) -> None:
+        """Create a runner for the LLM API ``api_id``.
+
+        ``prompts``: where the API prompt is declared as a global section.
+        ``platform``: the integration named in the LLM context.
+        """
+        self.hass = hass
+        self.api_id = api_id
+        self.on_tool_result: ToolResultHook | None = None
+        self._prompts = prompts
+        self._platform = platform
+        self._prepared: dict[str, _Prepared] = {}
+
+    async def async_prepare(self, child_id: str, turn: TurnContext) -> None:
+        """Fetch the API instance for ``child_id``'s turn; refresh the API prompt.
+
+        When the API cannot be had (e.g. it was unregistered) the conversation runs
+        without tools until the next successful prepare.
+        """
+        context = compat.llm_context(self.hass, turn, self._platform)
+        try:
+            instance = await llm.async_get_api(self.hass, self.api_id, context)  # type: ignore[arg-type]
+        except HomeAssistantError as err:
+            _LOGGER.warning(
+                "LLM API %s is not available, conversation %s has no tools: %s",
+                self.api_id,
+                child_id,
+                err,
+            )
+            self._prepared.pop(child_id, None)
+            return
+        self._prepared[child_id] = _Prepared(instance, self._convert(instance))
+        if self._prompts is not None:
+            # Plain text handed to the kernel, which only concatenates sections: it
+            # never goes through HA templating, so "{{" in an entity name or an
+            # alias stays as it is.
+            self._prompts.declare(
+                PromptSection(
+                    section=API_PROMPT_SECTION,
+                    owner=PROMPT_OWNER_HASS,
+                    content=instance.api_prompt,
+                    order=API_PROMPT_ORDER,
+                )
+            )
+
+    def _convert(self, instance: llm.APIInstance) -> list[ToolSpec]:
+        """Return the API's tools as kernel specs (names exactly as HA gives them)."""
+        specs: list[ToolSpec] = []
+        for tool in instance.tools:
+            try:
+                parameters = compat.convert_schema(
+                    tool.parameters, instance.custom_serializer
+                )
+            except Exception:  # one odd schema must not hide the rest
+                _LOGGER.warning(
+                    "Tool %s of LLM API %s has a schema that cannot be converted;"
+                    " it is not offered",
+                    tool.name,
+                    self.api_id,
+                    exc_info=True,
+                )
+                continue
+            specs.append(ToolSpec(tool.name, tool.description or "", parameters))
+        return specs
+
+    def specs(self) -> list[ToolSpec]:
+        """Tools for the conversation whose round is running (none if unprepared)."""
+        child_id = current_child_id()
+        prepared = self._prepared.get(child_id) if child_id is not None else None
+        return list(prepared.specs) if prepared is not None else []
+
+    async def call(self, call: ToolCall) -> str:
+        """Run one tool call; the result (or the error) as JSON text."""
+        child_id = current_child_id()
+        result = await self._call(child_id, call)
+        if self.on_tool_result is not None and child_id is not None:
+            try:
+                self.on_tool_result(child_id, call, result)
+            except Exception:
+                _LOGGER.exception("Recording the result of tool %s failed", call.name)
+        return result
+
+    async def _call(self, child_id: str | None, call: ToolCall) -> str:
+        prepared = self._prepared.get(child_id) if child_id is not None else None
+        if prepared is None:
+            return error_text(
+                f"tool {call.name!r} is not available: no Home Assistant tools"
+                " are prepared for this conversation"
+            )
+        tool_input = llm.ToolInput(
+            tool_name=call.name, tool_args=dict(call.arguments), id=call.id
+        )
+        try:
+            result: Any = await prepared.instance.async_call_tool(tool_input)
+        except (HomeAssistantError, vol.Invalid) as err:
+            _LOGGER.debug("Tool %s failed: %s", call.name, type(err).__name__)
+            return error_text(err)
+        except Exception as err:  # a broken tool is an error result
+            _LOGGER.warning(
+                "Tool %s raised %s", call.name, type(err).__name__, exc_info=True
+            )
+            return error_text(err)
+        return compat.tool_result_to_text(result)
+
+    def forget(self, child_id: str) -> None:
+        """Drop what was prepared for a closed conversation."""
+        self._prepared.pop(child_id, None)
+
+    def remove_prompt(self) -> None:
+        """Remove the API prompt section (the runner is no longer used)."""
+        if self._prompts is not None:
+            self._prompts.remove(API_PROMPT_SECTION)

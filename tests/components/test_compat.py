@@ -1,0 +1,443 @@
+"""Tests of compat.py: both branches of every HA-version guard (DESIGN §8).
+
+The 2025.4 branch runs against the real Home Assistant installed here. HA 2026.x
+cannot be installed on Python 3.13, so its object shapes are faked with small
+dataclasses/stubs that have exactly the attribute or signature the guard detects;
+each such stub says so where it is defined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import datetime as dt
+from decimal import Decimal
+import enum
+import json
+import sys
+import types
+from typing import Any
+
+import pytest
+import voluptuous as vol
+from voluptuous_openapi import UNSUPPORTED
+
+from custom_components.rtvoice import compat
+from custom_components.rtvoice.brain import TurnContext
+from custom_components.rtvoice.const import DOMAIN
+from homeassistant.components import conversation
+from homeassistant.components.conversation import ChatLog, ConversationInput
+from homeassistant.components.tts import ResultStream
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.helpers import intent, llm
+from homeassistant.setup import async_setup_component
+
+
+def _user_input(text: str = "turn on the kitchen lights", **extra: Any) -> Any:
+    """Build a real 2025.4 ConversationInput."""
+    return ConversationInput(
+        text=text,
+        context=Context(user_id="user-1"),
+        conversation_id="conv-1",
+        device_id="device-1",
+        language="en",
+        agent_id="conversation.rtvoice",
+        **extra,
+    )
+
+
+# -- satellite_id ---------------------------------------------------------------
+
+
+@dataclass
+class _Input2026:
+    """Stub of a 2026.x ConversationInput: it carries ``satellite_id``."""
+
+    text: str
+    context: Context
+    language: str
+    device_id: str | None
+    satellite_id: str | None
+    agent_id: str = "conversation.rtvoice"
+
+
+def test_satellite_id_absent_on_2025_4() -> None:
+    """HA 2025.4's ConversationInput has no satellite id."""
+    assert not hasattr(_user_input(), "satellite_id")
+    assert compat.satellite_id(_user_input()) is None
+
+
+def test_satellite_id_read_when_present() -> None:
+    """A 2026.x input gives its satellite entity id; an empty one counts as none."""
+    stub = _Input2026("hi", Context(), "en", "dev", "assist_satellite.kitchen")
+    assert compat.satellite_id(stub) == "assist_satellite.kitchen"
+    stub.satellite_id = ""
+    assert compat.satellite_id(stub) is None
+
+
+# -- llm_context ---------------------------------------------------------------
+
+
+def test_llm_context_built_from_2025_4_fields(hass: HomeAssistant) -> None:
+    """Without ``as_llm_context`` the context is built from LLMContext's fields."""
+    user_input = _user_input()
+    context = compat.llm_context(hass, user_input)
+
+    assert isinstance(context, llm.LLMContext)
+    assert context.platform == DOMAIN
+    assert context.context is user_input.context
+    assert context.user_prompt == "turn on the kitchen lights"
+    assert context.language == "en"
+    # The exposure settings of the "conversation" assistant apply.
+    assert context.assistant == conversation.DOMAIN
+    assert context.device_id == "device-1"
+
+
+def test_llm_context_from_turn_context(hass: HomeAssistant) -> None:
+    """A TurnContext has no text; a missing language falls back to HA's."""
+    hass.config.language = "de"
+    turn = TurnContext(context=Context(), language="", device_id="dev-2")
+    context = compat.llm_context(hass, turn, platform="other")
+
+    assert context.platform == "other"
+    assert context.user_prompt is None
+    assert context.language == "de"
+    assert context.device_id == "dev-2"
+
+
+@dataclass(slots=True)
+class _LLMContext2026:
+    """Stub of 2026.x ``llm.LLMContext``: no user_prompt, agent_id added.
+
+    Plus a required field compat does not know, and one with a default.
+    """
+
+    platform: str
+    context: Context | None
+    language: str | None
+    assistant: str | None
+    device_id: str | None
+    agent_id: str | None
+    unknown_required: str | None
+    unknown_default: str = "kept"
+    derived: str = field(init=False, default="x")
+
+
+def test_llm_context_fills_only_existing_fields(
+    hass: HomeAssistant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fields of the LLMContext at hand decide what is passed."""
+    monkeypatch.setattr(llm, "LLMContext", _LLMContext2026)
+    context = compat.llm_context(hass, _user_input())
+
+    assert isinstance(context, _LLMContext2026)
+    assert not hasattr(context, "user_prompt")
+    assert context.agent_id == "conversation.rtvoice"
+    assert context.unknown_required is None
+    assert context.unknown_default == "kept"
+    assert context.assistant == conversation.DOMAIN
+
+
+def test_llm_context_prefers_as_llm_context(hass: HomeAssistant) -> None:
+    """A 2026.x input that builds its own context is asked, with the platform."""
+    built = object()
+    calls: list[str] = []
+
+    @dataclass
+    class _InputWithBuilder:
+        """Stub of a 2026.x ConversationInput with ``as_llm_context``."""
+
+        text: str = "hello"
+
+        def as_llm_context(self, conversing_domain: str) -> Any:
+            calls.append(conversing_domain)
+            return built
+
+    assert compat.llm_context(hass, _InputWithBuilder()) is built
+    assert calls == [DOMAIN]
+
+
+# -- async_provide_llm_data ----------------------------------------------------------
+
+
+async def test_provide_llm_data_uses_update_on_2025_4(hass: HomeAssistant) -> None:
+    """The real 2025.4 ChatLog only has async_update_llm_data; it gets the API."""
+    assert await async_setup_component(hass, "homeassistant", {})
+    assert await async_setup_component(hass, "intent", {})
+    chat_log = ChatLog(hass, "conv-1")
+    assert not hasattr(chat_log, "async_provide_llm_data")
+
+    await compat.async_provide_llm_data(
+        chat_log, _user_input(), llm_hass_api=llm.LLM_API_ASSIST, prompt="Be brief."
+    )
+
+    assert chat_log.llm_api is not None
+    assert chat_log.llm_api.llm_context.platform == DOMAIN
+    assert "Be brief." in chat_log.content[0].content
+
+
+class _ChatLog2026:
+    """Stub of a 2026.x ChatLog: ``async_provide_llm_data`` takes an LLMContext."""
+
+    def __init__(self, hass: HomeAssistant) -> None:
+        self.hass = hass
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def async_provide_llm_data(self, *args: Any) -> None:
+        self.calls.append(args)
+
+    async def async_update_llm_data(self, *args: Any) -> None:
+        raise AssertionError("the old method must not be used when the new exists")
+
+
+async def test_provide_llm_data_prefers_new_method(hass: HomeAssistant) -> None:
+    """The new method gets a built LLM context and the input's extra prompt."""
+    chat_log = _ChatLog2026(hass)
+    await compat.async_provide_llm_data(
+        chat_log,
+        _user_input(extra_system_prompt="You are in the kitchen."),
+        llm_hass_api="assist",
+        prompt="Be brief.",
+    )
+    ((context, api, prompt, extra),) = chat_log.calls
+    assert isinstance(context, llm.LLMContext)
+    assert context.platform == DOMAIN
+    assert (api, prompt, extra) == ("assist", "Be brief.", "You are in the kitchen.")
+
+    await compat.async_provide_llm_data(
+        chat_log, _user_input(), extra_system_prompt="explicit"
+    )
+    assert chat_log.calls[-1][3] == "explicit"
+
+
+# -- tool_result_to_text ----------------------------------------------------------
+
+
+class _Color(enum.Enum):
+    RED = "red"
+
+
+@dataclass
+class _ToolResult2026:
+    """Stub of a 2026.x ``llm.ToolResult``-like dataclass result."""
+
+    success: bool
+    data: dict[str, Any]
+
+
+class _SelfDescribing:
+    """Stub of a result object that describes itself with ``as_dict``."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"speech": "done"}
+
+
+def test_tool_result_dict_and_dict_subclass() -> None:
+    """2025.4 tools return dicts (IntentResponseDict-like subclasses too)."""
+
+    class _IntentResponseDict(dict):  # a dict subclass as some HA versions return
+        original = object()
+
+    plain = {"response_type": "action_done", "success": ["Küche"]}
+    assert json.loads(compat.tool_result_to_text(plain)) == plain
+    assert "Küche" in compat.tool_result_to_text(plain)  # not ASCII-escaped
+    assert json.loads(compat.tool_result_to_text(_IntentResponseDict(a=1))) == {"a": 1}
+
+
+def test_tool_result_objects() -> None:
+    """Objects are described: ToolResult-like dataclasses and as_dict()."""
+    result = _ToolResult2026(True, {"when": dt.date(2025, 1, 2)})
+    assert json.loads(compat.tool_result_to_text(result)) == {
+        "success": True,
+        "data": {"when": "2025-01-02"},
+    }
+    assert json.loads(compat.tool_result_to_text(_SelfDescribing())) == {
+        "speech": "done"
+    }
+
+
+def test_tool_result_scalars_and_odd_values() -> None:
+    """Strings pass through; other values become JSON without failing."""
+    assert compat.tool_result_to_text("already text") == "already text"
+    assert compat.tool_result_to_text(None) == "null"
+    assert compat.tool_result_to_text([1, 2]) == "[1, 2]"
+    odd = {
+        "color": _Color.RED,
+        "at": dt.datetime(2025, 1, 2, 3, 4, 5),
+        "t": dt.time(1, 2),
+        "n": Decimal("1.5"),
+        "tags": {"a"},
+        "pair": (1, 2),
+        "obj": _SelfDescribing(),
+        "other": ValueError("x"),
+    }
+    assert json.loads(compat.tool_result_to_text(odd)) == {
+        "color": "red",
+        "at": "2025-01-02T03:04:05",
+        "t": "01:02:00",
+        "n": 1.5,
+        "tags": ["a"],
+        "pair": [1, 2],
+        "obj": {"speech": "done"},
+        "other": "x",
+    }
+    assert json.loads(compat.tool_result_to_text(_Color.RED)) == "red"
+
+
+# -- convert_schema ---------------------------------------------------------------
+
+
+def test_convert_schema_with_voluptuous_openapi() -> None:
+    """2025.4 has no probatio: voluptuous_openapi converts, with the serializer."""
+    assert "probatio" not in sys.modules
+    seen: list[Any] = []
+
+    marker = object()
+
+    def serializer(value: Any) -> Any:
+        if value is not marker:
+            return UNSUPPORTED
+        seen.append(value)
+        return {"type": "string", "format": "custom"}
+
+    schema = vol.Schema({vol.Required("name"): str, vol.Optional("x"): marker})
+    converted = compat.convert_schema(schema, serializer)
+
+    assert converted["type"] == "object"
+    assert converted["properties"]["name"] == {"type": "string"}
+    assert converted["properties"]["x"] == {"type": "string", "format": "custom"}
+    assert converted["required"] == ["name"]
+    assert marker in seen
+
+
+def test_convert_schema_prefers_probatio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When probatio is importable its to_openapi is used (2026.x).
+
+    probatio is not installed here; a stub module with ``to_openapi`` stands in.
+    """
+    calls: list[tuple[Any, dict[str, Any]]] = []
+
+    def to_openapi(schema: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append((schema, kwargs))
+        return {"type": "object", "from": "probatio"}
+
+    stub = types.ModuleType("probatio")
+    stub.to_openapi = to_openapi  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "probatio", stub)
+
+    schema = vol.Schema({})
+
+    def serializer(value: Any) -> Any:
+        return value
+
+    assert compat.convert_schema(schema, serializer) == {
+        "type": "object",
+        "from": "probatio",
+    }
+    assert compat.convert_schema(schema) == {"type": "object", "from": "probatio"}
+    assert calls == [(schema, {"custom_serializer": serializer}), (schema, {})]
+
+
+# -- streaming TTS ------------------------------------------------------------------
+
+
+def test_streaming_tts_not_on_2025_4() -> None:
+    """HA 2025.4's ResultStream cannot take a text stream."""
+    assert not hasattr(ResultStream, "async_set_message_stream")
+    assert compat.supports_streaming_tts() is False
+    assert compat.supports_streaming_tts(ResultStream) is False
+
+
+def test_streaming_tts_detected() -> None:
+    """A 2026.x-shaped result stream (stub with the method) supports streaming."""
+
+    class _ResultStream2026:
+        """Stub of 2026.x ``tts.ResultStream``."""
+
+        def async_set_message_stream(self, stream: Any) -> None:
+            """Accept a text stream."""
+
+    assert compat.supports_streaming_tts(_ResultStream2026()) is True
+    assert compat.supports_streaming_tts(_ResultStream2026) is True
+
+
+def test_streaming_tts_without_tts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the tts component cannot be imported there is no streaming TTS."""
+    monkeypatch.setitem(sys.modules, "homeassistant.components.tts", None)
+    assert compat.supports_streaming_tts() is False
+
+
+# -- async_converse -----------------------------------------------------------------
+
+
+async def test_async_converse_2025_4_drops_satellite_id(hass: HomeAssistant) -> None:
+    """The real 2025.4 async_converse has no satellite_id: it is left out."""
+    assert await async_setup_component(hass, "homeassistant", {})
+    assert await async_setup_component(hass, "conversation", {})
+    assert await async_setup_component(hass, "intent", {})
+
+    result = await compat.async_converse(
+        hass,
+        text="what is the time",
+        conversation_id=None,
+        context=Context(),
+        language="en",
+        satellite_id="assist_satellite.kitchen",
+    )
+    assert isinstance(result, conversation.ConversationResult)
+    # The real built-in agent answered (a TypeError would have been raised had
+    # satellite_id reached 2025.4's ConversationInput).
+    assert result.response.response_type is intent.IntentResponseType.ACTION_DONE
+    assert result.response.speech["plain"]["speech"]
+
+
+async def test_async_converse_passes_satellite_id_when_supported(
+    hass: HomeAssistant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2026.x-shaped async_converse (stub, keyword-only) gets satellite_id."""
+    received: dict[str, Any] = {}
+    sentinel = object()
+
+    async def async_converse_2026(
+        hass: HomeAssistant,
+        *,
+        text: str,
+        conversation_id: str | None,
+        context: Context,
+        language: str | None = None,
+        agent_id: str | None = None,
+        device_id: str | None = None,
+        satellite_id: str | None = None,
+        extra_system_prompt: str | None = None,
+    ) -> Any:
+        received.update(locals())
+        return sentinel
+
+    monkeypatch.setattr(conversation, "async_converse", async_converse_2026)
+    result = await compat.async_converse(
+        hass,
+        text="hi",
+        conversation_id="c",
+        context=Context(),
+        satellite_id="assist_satellite.kitchen",
+        extra_system_prompt="extra",
+    )
+    assert result is sentinel
+    assert received["satellite_id"] == "assist_satellite.kitchen"
+    assert received["extra_system_prompt"] == "extra"
+
+
+async def test_async_converse_with_var_keywords(
+    hass: HomeAssistant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A **kwargs signature (stub) receives every keyword."""
+    received: dict[str, Any] = {}
+
+    async def async_converse_kwargs(hass: HomeAssistant, **kwargs: Any) -> Any:
+        received.update(kwargs)
+
+    monkeypatch.setattr(conversation, "async_converse", async_converse_kwargs)
+    await compat.async_converse(
+        hass, text="hi", conversation_id=None, context=Context(), satellite_id="s"
+    )
+    assert received["satellite_id"] == "s"
+    assert set(received) >= {"text", "conversation_id", "context", "agent_id"}
