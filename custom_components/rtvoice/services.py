@@ -1,0 +1,389 @@
+"""The ``rtvoice.*`` actions: start, talk to, stop, list and read conversations.
+
+DESIGN §5.4. The actions serve every config entry, so they are registered once in
+``async_setup``; each call finds the loaded entry it concerns: the one named by
+``config_entry_id`` (start), the one that knows the conversation id (send, stop,
+transcript), or all of them (list).
+
+Who may call what:
+
+- ``list_conversations`` and ``get_transcript`` return what people said to their
+  satellites: admin only (like HA's own actions that reveal private data).
+- ``start_conversation``, ``send`` and ``stop_conversation`` are open to every user,
+  like ``assist_satellite.announce`` / ``start_conversation``: they make a satellite
+  speak or end a call, and their responses carry only ids and counters (conversation
+  id, input sequence number, message count), never what was said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+import inspect
+import json
+from typing import Any, Final
+
+import voluptuous as vol
+
+from homeassistant.config_entries import ConfigEntryState
+from homeassistant.core import (
+    HomeAssistant,
+    ServiceCall,
+    ServiceResponse,
+    SupportsResponse,
+    callback,
+)
+from homeassistant.exceptions import (
+    HomeAssistantError,
+    ServiceValidationError,
+    Unauthorized,
+    UnknownUser,
+)
+from homeassistant.helpers import config_validation as cv, service as service_helper
+from homeassistant.util.json import JsonValueType
+
+from .const import DOMAIN
+from .kernel import KernelError
+from .runtime import RtVoiceConfigEntry
+from .sessions import UnknownSatelliteError
+
+SERVICE_START_CONVERSATION: Final = "start_conversation"
+SERVICE_SEND: Final = "send"
+SERVICE_STOP_CONVERSATION: Final = "stop_conversation"
+SERVICE_LIST_CONVERSATIONS: Final = "list_conversations"
+SERVICE_GET_TRANSCRIPT: Final = "get_transcript"
+
+ATTR_SATELLITE: Final = "satellite"
+ATTR_SYSTEM_PROMPT: Final = "system_prompt"
+ATTR_CONFIG_ENTRY_ID: Final = "config_entry_id"
+ATTR_CONVERSATION_ID: Final = "conversation_id"
+ATTR_TEXT: Final = "text"
+ATTR_OFFSET: Final = "offset"
+ATTR_LIMIT: Final = "limit"
+ATTR_FORMAT: Final = "format"
+
+FORMAT_TEXT: Final = "text"
+FORMAT_RAW: Final = "raw"
+TRANSCRIPT_FORMATS: Final = (FORMAT_TEXT, FORMAT_RAW)
+DEFAULT_PAGE_LIMIT: Final = 40
+MAX_PAGE_LIMIT: Final = 500
+
+# At most this many ids are named in an "unknown conversation" message.
+MAX_IDS_IN_MESSAGE: Final = 20
+
+_CONVERSATION_ID = vol.All(cv.string, vol.Length(min=1))
+
+START_CONVERSATION_SCHEMA: Final = vol.Schema(
+    {
+        vol.Optional(ATTR_SATELLITE): cv.entity_domain("assist_satellite"),
+        vol.Optional(ATTR_SYSTEM_PROMPT): cv.string,
+        vol.Optional(ATTR_CONFIG_ENTRY_ID): cv.string,
+    }
+)
+SEND_SCHEMA: Final = vol.Schema(
+    {
+        vol.Required(ATTR_CONVERSATION_ID): _CONVERSATION_ID,
+        vol.Required(ATTR_TEXT): vol.All(cv.string, vol.Length(min=1)),
+    }
+)
+STOP_CONVERSATION_SCHEMA: Final = vol.Schema(
+    {vol.Required(ATTR_CONVERSATION_ID): _CONVERSATION_ID}
+)
+LIST_CONVERSATIONS_SCHEMA: Final = vol.Schema({})
+GET_TRANSCRIPT_SCHEMA: Final = vol.Schema(
+    {
+        vol.Required(ATTR_CONVERSATION_ID): _CONVERSATION_ID,
+        vol.Optional(ATTR_OFFSET, default=0): vol.All(
+            vol.Coerce(int), vol.Range(min=0)
+        ),
+        vol.Optional(ATTR_LIMIT, default=DEFAULT_PAGE_LIMIT): vol.All(
+            vol.Coerce(int), vol.Range(min=1, max=MAX_PAGE_LIMIT)
+        ),
+        vol.Optional(ATTR_FORMAT, default=FORMAT_TEXT): vol.In(TRANSCRIPT_FORMATS),
+    }
+)
+
+type _Handler = Callable[[ServiceCall], Awaitable[ServiceResponse]]
+
+
+# ── helpers shared with the control LLM API ──────────────────────────────────
+
+
+def id_list(ids: Iterable[str], limit: int = MAX_IDS_IN_MESSAGE) -> str:
+    """Ids for a message: comma separated, at most ``limit``, "none" when empty."""
+    ids = list(ids)
+    if not ids:
+        return "none"
+    text = ", ".join(ids[:limit])
+    if len(ids) > limit:
+        text += f" … (+{len(ids) - limit} more)"
+    return text
+
+
+def transcript_response(
+    entry: RtVoiceConfigEntry,
+    conversation_id: str,
+    offset: int,
+    limit: int,
+    fmt: str,
+) -> dict[str, Any]:
+    """One transcript page: ``conversation_id``, ``offset``, ``total``, ``transcript``.
+
+    ``transcript`` is the text rendering (one line per message) or, for ``raw``, the
+    list of messages as JSON objects. Raises ``KernelError`` for an unknown id.
+    """
+    sessions = entry.runtime_data.sessions
+    raw = json.loads(
+        sessions.transcript_page(conversation_id, offset, limit, FORMAT_RAW)
+    )
+    transcript: Any = raw["messages"]
+    if fmt == FORMAT_TEXT:
+        transcript = sessions.transcript_page(
+            conversation_id, offset, limit, FORMAT_TEXT
+        )
+    return {
+        "conversation_id": conversation_id,
+        "offset": offset,
+        "total": raw["total"],
+        "transcript": transcript,
+    }
+
+
+# ── resolving the entry a call is about ──────────────────────────────────────
+
+
+def _loaded_entries(hass: HomeAssistant) -> list[RtVoiceConfigEntry]:
+    """Every loaded rtvoice entry; ``not_loaded`` when there is none."""
+    entries: list[RtVoiceConfigEntry] = hass.config_entries.async_loaded_entries(DOMAIN)
+    if not entries:
+        raise ServiceValidationError(
+            translation_domain=DOMAIN, translation_key="not_loaded"
+        )
+    return entries
+
+
+def _entry_for_start(hass: HomeAssistant, entry_id: str | None) -> RtVoiceConfigEntry:
+    """Return the entry named by ``config_entry_id``, or the only loaded one."""
+    if entry_id is not None:
+        entry = hass.config_entries.async_get_entry(entry_id)
+        if (
+            entry is None
+            or entry.domain != DOMAIN
+            or entry.state is not ConfigEntryState.LOADED
+        ):
+            raise ServiceValidationError(
+                translation_domain=DOMAIN,
+                translation_key="entry_not_loaded",
+                translation_placeholders={"config_entry_id": entry_id},
+            )
+        return entry
+    entries = _loaded_entries(hass)
+    if len(entries) > 1:
+        raise ServiceValidationError(
+            translation_domain=DOMAIN,
+            translation_key="entry_required",
+            translation_placeholders={
+                "entries": ", ".join(f"{e.entry_id} ({e.title})" for e in entries)
+            },
+        )
+    return entries[0]
+
+
+def knows_conversation(entry: RtVoiceConfigEntry, conversation_id: str) -> bool:
+    """Whether the entry knows the id (a live or an archived conversation)."""
+    return conversation_id in entry.runtime_data.sessions.known_ids()
+
+
+def _unknown_conversation(
+    conversation_id: str, entries: Iterable[RtVoiceConfigEntry]
+) -> ServiceValidationError:
+    known = sorted(
+        {i for entry in entries for i in entry.runtime_data.sessions.known_ids()}
+    )
+    return ServiceValidationError(
+        translation_domain=DOMAIN,
+        translation_key="unknown_conversation",
+        translation_placeholders={
+            "conversation_id": conversation_id,
+            "known": id_list(known),
+        },
+    )
+
+
+def _entry_for_conversation(
+    hass: HomeAssistant, conversation_id: str
+) -> RtVoiceConfigEntry:
+    """Return the loaded entry that knows the conversation (live or archived)."""
+    entries = _loaded_entries(hass)
+    for entry in entries:
+        if knows_conversation(entry, conversation_id):
+            return entry
+    raise _unknown_conversation(conversation_id, entries)
+
+
+def _closed_error(conversation_id: str) -> ServiceValidationError:
+    return ServiceValidationError(
+        translation_domain=DOMAIN,
+        translation_key="conversation_closed",
+        translation_placeholders={"conversation_id": conversation_id},
+    )
+
+
+# ── the actions ───────────────────────────────────────────────────────────────
+
+
+async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
+    entry = _entry_for_start(call.hass, call.data.get(ATTR_CONFIG_ENTRY_ID))
+    runtime = entry.runtime_data
+    satellite: str | None = call.data.get(ATTR_SATELLITE)
+    try:
+        conversation_id = await runtime.sessions.async_start_conversation(
+            satellite, call.data.get(ATTR_SYSTEM_PROMPT) or None
+        )
+    except UnknownSatelliteError as err:
+        raise ServiceValidationError(
+            translation_domain=DOMAIN,
+            translation_key="unknown_satellite",
+            translation_placeholders={
+                "satellite": str(satellite),
+                "satellites": id_list(runtime.satellites.satellites(), limit=50),
+            },
+        ) from err
+    except KernelError as err:
+        raise HomeAssistantError(
+            translation_domain=DOMAIN,
+            translation_key="start_failed",
+            translation_placeholders={"error": str(err)},
+        ) from err
+    return {"conversation_id": conversation_id}
+
+
+async def _async_send(call: ServiceCall) -> ServiceResponse:
+    conversation_id: str = call.data[ATTR_CONVERSATION_ID]
+    entry = _entry_for_conversation(call.hass, conversation_id)
+    try:
+        seq = entry.runtime_data.sessions.send(conversation_id, call.data[ATTR_TEXT])
+    except KernelError as err:  # known, but no longer live: archived or closing
+        raise _closed_error(conversation_id) from err
+    return {"seq": seq}
+
+
+async def _async_stop_conversation(call: ServiceCall) -> ServiceResponse:
+    conversation_id: str = call.data[ATTR_CONVERSATION_ID]
+    entry = _entry_for_conversation(call.hass, conversation_id)
+    try:
+        messages = await entry.runtime_data.sessions.async_stop_conversation(
+            conversation_id
+        )
+    except KernelError as err:  # known, but no longer live: archived or closing
+        raise _closed_error(conversation_id) from err
+    return {"messages": messages}
+
+
+async def _async_list_conversations(call: ServiceCall) -> ServiceResponse:
+    conversations: list[JsonValueType] = []
+    for entry in _loaded_entries(call.hass):
+        conversations.extend(
+            {**item, "config_entry_id": entry.entry_id}
+            for item in entry.runtime_data.sessions.list_conversations()
+        )
+    return {"conversations": conversations}
+
+
+async def _async_get_transcript(call: ServiceCall) -> ServiceResponse:
+    conversation_id: str = call.data[ATTR_CONVERSATION_ID]
+    entry = _entry_for_conversation(call.hass, conversation_id)
+    # No await since the lookup: the transcript cannot have gone meanwhile.
+    return transcript_response(
+        entry,
+        conversation_id,
+        call.data[ATTR_OFFSET],
+        call.data[ATTR_LIMIT],
+        call.data[ATTR_FORMAT],
+    )
+
+
+# ── registration ──────────────────────────────────────────────────────────────
+
+# Newer HA versions pass responses through admin services; 2025.4 drops them.
+_ADMIN_SERVICE_HAS_RESPONSE: Final = (
+    "supports_response"
+    in inspect.signature(service_helper.async_register_admin_service).parameters
+)
+
+
+async def _async_check_admin(hass: HomeAssistant, call: ServiceCall) -> None:
+    """Check what ``async_register_admin_service`` checks (for HA 2025.4)."""
+    if not call.context.user_id:
+        return  # automations, scripts, the system
+    user = await hass.auth.async_get_user(call.context.user_id)
+    if user is None:
+        raise UnknownUser(context=call.context)
+    if not user.is_admin:
+        raise Unauthorized(context=call.context)
+
+
+@callback
+def _async_register_admin(
+    hass: HomeAssistant,
+    service: str,
+    handler: _Handler,
+    schema: vol.Schema,
+    supports_response: SupportsResponse,
+) -> None:
+    """Register an admin-only action that returns a response."""
+    if _ADMIN_SERVICE_HAS_RESPONSE:  # pragma: no cover - HA versions after 2025.4
+        # Typed loosely: its signature differs between the HA versions we support.
+        register_admin: Callable[..., None] = (
+            service_helper.async_register_admin_service
+        )
+        register_admin(
+            hass, DOMAIN, service, handler, schema, supports_response=supports_response
+        )
+        return
+
+    async def admin_handler(call: ServiceCall) -> ServiceResponse:
+        await _async_check_admin(hass, call)
+        return await handler(call)
+
+    hass.services.async_register(
+        DOMAIN, service, admin_handler, schema, supports_response
+    )
+
+
+@callback
+def async_setup_services(hass: HomeAssistant) -> None:
+    """Register the ``rtvoice.*`` actions (once, for every entry)."""
+    # Start, send and stop control a satellite and answer with ids and counters
+    # only: any user, like assist_satellite.announce. List and transcript reveal
+    # what was said: admins only (see the module docstring).
+    hass.services.async_register(
+        DOMAIN,
+        SERVICE_START_CONVERSATION,
+        _async_start_conversation,
+        START_CONVERSATION_SCHEMA,
+        SupportsResponse.OPTIONAL,
+    )
+    hass.services.async_register(
+        DOMAIN, SERVICE_SEND, _async_send, SEND_SCHEMA, SupportsResponse.OPTIONAL
+    )
+    hass.services.async_register(
+        DOMAIN,
+        SERVICE_STOP_CONVERSATION,
+        _async_stop_conversation,
+        STOP_CONVERSATION_SCHEMA,
+        SupportsResponse.OPTIONAL,
+    )
+    _async_register_admin(
+        hass,
+        SERVICE_LIST_CONVERSATIONS,
+        _async_list_conversations,
+        LIST_CONVERSATIONS_SCHEMA,
+        SupportsResponse.ONLY,
+    )
+    _async_register_admin(
+        hass,
+        SERVICE_GET_TRANSCRIPT,
+        _async_get_transcript,
+        GET_TRANSCRIPT_SCHEMA,
+        SupportsResponse.ONLY,
+    )
