@@ -1,0 +1,246 @@
+"""Diagnostics of a real entry: a snapshot, and no secret or conversation text."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.components.diagnostics import (
+    get_diagnostics_for_config_entry,
+)
+from pytest_homeassistant_custom_component.syrupy import HomeAssistantSnapshotExtension
+from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
+from syrupy.assertion import SnapshotAssertion
+
+from custom_components.rtvoice.const import (
+    BRAIN_HA_AGENT,
+    BRAIN_OPENAI,
+    CONF_AGENT_ID,
+    CONF_API_KEY,
+    CONF_BASE_URL,
+    CONF_BRAIN,
+    CONF_MODEL,
+    CONF_PROMPT,
+    DEFAULT_OPTIONS_HA_AGENT,
+    DEFAULT_OPTIONS_OPENAI,
+    DOMAIN,
+)
+from custom_components.rtvoice.diagnostics import safe_url
+from homeassistant.config_entries import ConfigEntryState
+from homeassistant.core import HomeAssistant
+from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.pipeline.helpers import (
+    QUIET_SATELLITE,
+    SATELLITE,
+    Home,
+    async_setup_home,
+    async_unload,
+)
+from tests.peers.openai_server import OpenAIPeer, Text
+
+ENTRY_ID = "01JRTV0ICEDIAGN0ST1CS00000"
+PROMPT = "You are Marvin. Codeword PROMPT-MARKER-7731."
+UTTERANCE = "UTTERANCE-MARKER-4242 please dim the kitchen"
+ANSWER = "ANSWER-MARKER-9191 done."
+
+
+@pytest.fixture
+async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
+    """HA with two satellites (kitchen, hall) and demo lights."""
+    home = await async_setup_home(hass, tmp_path)
+    yield home
+    await async_unload(home)
+
+
+@pytest.fixture
+def snapshot(snapshot: SnapshotAssertion) -> SnapshotAssertion:
+    """Use HA's snapshot format and folder (tests/components/snapshots)."""
+    return snapshot.use_extension(HomeAssistantSnapshotExtension)
+
+
+async def _loaded_entry(home: Home, peer: OpenAIPeer) -> MockConfigEntry:
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        entry_id=ENTRY_ID,
+        title="Realtime Voice",
+        data={
+            CONF_BRAIN: BRAIN_OPENAI,
+            CONF_BASE_URL: peer.base_url,
+            CONF_API_KEY: PEER_API_KEY,
+            CONF_MODEL: PEER_MODEL,
+        },
+        options={**DEFAULT_OPTIONS_OPENAI, CONF_PROMPT: PROMPT},
+    )
+    entry.add_to_hass(home.hass)
+    home.entry = entry
+    assert await home.hass.config_entries.async_setup(entry.entry_id)
+    await home.hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    return entry
+
+
+async def _talk(home: Home, peer: OpenAIPeer) -> tuple[str, str]:
+    """One finished (archived) conversation and one live one, with text in both."""
+    sessions = home.sessions
+    peer.enqueue(Text(ANSWER))
+    peer.enqueue(Text(ANSWER))
+    archived = await sessions.async_start_conversation(QUIET_SATELLITE)
+    sessions.send(archived, UTTERANCE)
+    await home.wait_snapshot(
+        lambda s: s.conversation_id == archived and s.completed == 1
+    )
+    assert await sessions.async_stop_conversation(archived) == 2
+    live = await sessions.async_start_conversation(SATELLITE)
+    sessions.send(live, UTTERANCE)
+    await home.wait_snapshot(lambda s: s.conversation_id == live and s.completed == 1)
+    return archived, live
+
+
+def _normalized(data: Any, replacements: dict[str, str]) -> Any:
+    """Replace run-specific values (ids, port, timings) by stable names."""
+    text = json.dumps(data)
+    for actual, stable in replacements.items():
+        text = text.replace(actual, stable)
+    result = json.loads(text)
+    for conversation in result["runtime"]["conversations"]:
+        stats = conversation["stats"]
+        assert isinstance(stats["first_delta_ms"], float)
+        assert stats["first_delta_ms"] >= 0
+        stats["first_delta_ms"] = "<ms>"
+    # Section texts belong to the satellite directory and HA's LLM API: their
+    # lengths are not part of the diagnostics contract, their presence is.
+    for section in result["runtime"]["prompt_sections"]:
+        assert section["chars"] > 0
+        section["chars"] = "<chars>"
+    return result
+
+
+async def test_diagnostics_snapshot(
+    hass: HomeAssistant,
+    hass_client: ClientSessionGenerator,
+    home: Home,
+    openai_peer: OpenAIPeer,
+    snapshot: SnapshotAssertion,
+) -> None:
+    """Configuration, satellites, conversations, channels and sections, redacted."""
+    entry = await _loaded_entry(home, openai_peer)
+    archived, live = await _talk(home, openai_peer)
+    diagnostics = await get_diagnostics_for_config_entry(hass, hass_client, entry)
+    assert diagnostics["entry"]["data"][CONF_API_KEY] == "**REDACTED**"
+    assert diagnostics["entry"]["options"][CONF_PROMPT] == "**REDACTED**"
+    assert [c["id"] for c in diagnostics["runtime"]["conversations"]] == [live]
+    assert diagnostics["runtime"]["archived_conversations"] == [
+        {"id": archived, "messages": 2}
+    ]
+    replacements = {
+        archived: "<archived conversation>",
+        live: "<live conversation>",
+        str(openai_peer.port): "<port>",
+        home.device_of(SATELLITE): "<kitchen device>",
+        home.device_of(QUIET_SATELLITE): "<hall device>",
+    }
+    assert _normalized(diagnostics, replacements) == snapshot
+
+
+async def test_no_secret_and_no_conversation_text(
+    hass: HomeAssistant,
+    hass_client: ClientSessionGenerator,
+    home: Home,
+    openai_peer: OpenAIPeer,
+) -> None:
+    """The API key, the prompt and what was said never appear, wherever they went."""
+    entry = await _loaded_entry(home, openai_peer)
+    archived, live = await _talk(home, openai_peer)
+    # The text really is in the runtime: a transcript holds it.
+    assert UTTERANCE in home.sessions.transcript_page(archived, 0, 10, "text")
+    assert ANSWER in home.sessions.transcript_page(live, 0, 10, "raw")
+    text = json.dumps(await get_diagnostics_for_config_entry(hass, hass_client, entry))
+    for secret in (PEER_API_KEY, PROMPT, "PROMPT-MARKER", "UTTERANCE-MARKER", "ANSWER"):
+        assert secret not in text
+    assert archived in text
+    assert live in text
+
+
+async def test_entry_not_loaded(
+    hass: HomeAssistant,
+    hass_client: ClientSessionGenerator,
+    home: Home,
+    openai_peer: OpenAIPeer,
+) -> None:
+    """A not loaded entry has no runtime; credentials in its URL are dropped."""
+    await _loaded_entry(home, openai_peer)  # loads the integration's platforms
+    other = MockConfigEntry(
+        domain=DOMAIN,
+        title="Other",
+        data={
+            CONF_BRAIN: BRAIN_OPENAI,
+            CONF_BASE_URL: "https://user:pa55word@llm.example:8443/v1?api-key=k3y#frag",
+            CONF_API_KEY: "sk-other",
+            CONF_MODEL: "m",
+        },
+        options={**DEFAULT_OPTIONS_OPENAI, CONF_PROMPT: PROMPT},
+    )
+    other.add_to_hass(hass)
+    diagnostics = await get_diagnostics_for_config_entry(hass, hass_client, other)
+    assert diagnostics == {
+        "entry": {
+            "title": "Other",
+            "state": "not_loaded",
+            "data": {
+                CONF_BRAIN: BRAIN_OPENAI,
+                CONF_BASE_URL: "https://llm.example:8443/v1",
+                CONF_API_KEY: "**REDACTED**",
+                CONF_MODEL: "m",
+            },
+            "options": {**DEFAULT_OPTIONS_OPENAI, CONF_PROMPT: "**REDACTED**"},
+        }
+    }
+    for secret in ("pa55word", "user", "k3y", "frag", "sk-other", "Marvin"):
+        assert secret not in json.dumps(diagnostics)
+
+
+async def test_ha_agent_entry(
+    hass: HomeAssistant, hass_client: ClientSessionGenerator, home: Home
+) -> None:
+    """An entry that delegates to an HA agent: the agent is named, no tools."""
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        title="Offline",
+        data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: "conversation.home_assistant"},
+        options=dict(DEFAULT_OPTIONS_HA_AGENT),
+    )
+    entry.add_to_hass(hass)
+    home.entry = entry
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    diagnostics = await get_diagnostics_for_config_entry(hass, hass_client, entry)
+    assert diagnostics["entry"]["data"] == {
+        CONF_BRAIN: BRAIN_HA_AGENT,
+        CONF_AGENT_ID: "conversation.home_assistant",
+    }
+    runtime = diagnostics["runtime"]
+    assert [s["entity_id"] for s in runtime["satellites"]] == [
+        QUIET_SATELLITE,
+        SATELLITE,
+    ]
+    assert runtime["conversations"] == []
+    assert runtime["archived_conversations"] == []
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://127.0.0.1:11434/v1", "http://127.0.0.1:11434/v1"),
+        ("https://u:p@api.example/v1?key=1#x", "https://api.example/v1"),
+        ("https://token@api.example/v1", "https://api.example/v1"),
+        ("not a url", "**REDACTED**"),
+        ("http://[::1", "**REDACTED**"),
+    ],
+)
+def test_safe_url(url: str, expected: str) -> None:
+    """User info, query and fragment are dropped; what is not a URL is redacted."""
+    assert safe_url(url) == expected

@@ -1,0 +1,139 @@
+"""System health through HA's system_health component and the loopback peer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_homeassistant_custom_component.common import (
+    MockConfigEntry,
+    get_system_health_info,
+)
+
+from custom_components.rtvoice.const import (
+    BRAIN_HA_AGENT,
+    BRAIN_OPENAI,
+    CONF_AGENT_ID,
+    CONF_API_KEY,
+    CONF_BASE_URL,
+    CONF_BRAIN,
+    CONF_MODEL,
+    DEFAULT_OPTIONS_HA_AGENT,
+    DEFAULT_OPTIONS_OPENAI,
+    DOMAIN,
+)
+from homeassistant.config_entries import ConfigEntryState
+from homeassistant.core import HomeAssistant
+from homeassistant.setup import async_setup_component
+from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.pipeline.helpers import (
+    QUIET_SATELLITE,
+    Home,
+    async_setup_home,
+    wait,
+)
+from tests.peers.openai_server import OpenAIPeer
+
+
+@pytest.fixture
+async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
+    """HA with satellites; every rtvoice entry is unloaded at teardown."""
+    home = await async_setup_home(hass, tmp_path)
+    assert await async_setup_component(hass, "system_health", {})
+    yield home
+    for entry in hass.config_entries.async_loaded_entries(DOMAIN):
+        assert await hass.config_entries.async_unload(entry.entry_id)
+    await hass.async_block_till_done()
+
+
+async def _add(hass: HomeAssistant, entry: MockConfigEntry) -> MockConfigEntry:
+    entry.add_to_hass(hass)
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.LOADED
+    return entry
+
+
+def _openai_entry(peer: OpenAIPeer, title: str = "Realtime Voice") -> MockConfigEntry:
+    return MockConfigEntry(
+        domain=DOMAIN,
+        title=title,
+        data={
+            CONF_BRAIN: BRAIN_OPENAI,
+            CONF_BASE_URL: peer.base_url,
+            CONF_API_KEY: PEER_API_KEY,
+            CONF_MODEL: PEER_MODEL,
+        },
+        options=dict(DEFAULT_OPTIONS_OPENAI),
+    )
+
+
+def _agent_entry(title: str = "Offline") -> MockConfigEntry:
+    return MockConfigEntry(
+        domain=DOMAIN,
+        title=title,
+        data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: "conversation.home_assistant"},
+        options=dict(DEFAULT_OPTIONS_HA_AGENT),
+    )
+
+
+async def _info(hass: HomeAssistant) -> dict[str, Any]:
+    """Return the info with every pending check awaited, as the page shows it."""
+    info = await get_system_health_info(hass, DOMAIN)
+    return {
+        key: await wait(value) if asyncio.iscoroutine(value) else value
+        for key, value in info.items()
+    }
+
+
+async def test_endpoints_agents_and_conversations(
+    hass: HomeAssistant, home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """Reachability per endpoint, the agent of delegating entries, open conversations."""
+    openai = await _add(hass, _openai_entry(openai_peer))
+    await _add(hass, _agent_entry())
+    await openai.runtime_data.sessions.async_start_conversation(QUIET_SATELLITE)
+    await openai.runtime_data.sessions.async_start_conversation(None)
+    requests_before = len(openai_peer.requests)
+
+    assert await _info(hass) == {
+        "loaded_entries": 2,
+        "active_conversations": 2,
+        "Realtime Voice endpoint": "ok",
+        "Offline agent": "Home Assistant agent conversation.home_assistant",
+    }
+    assert len(openai_peer.requests) == requests_before  # no chat request, no tokens
+
+
+async def test_unreachable_endpoint(
+    hass: HomeAssistant, home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """An endpoint that went away is reported as unreachable."""
+    await _add(hass, _openai_entry(openai_peer))
+    await openai_peer.stop()
+    info = await _info(hass)
+    assert info["Realtime Voice endpoint"] == {"type": "failed", "error": "unreachable"}
+    assert info["active_conversations"] == 0
+
+
+async def test_same_titles_stay_apart(
+    hass: HomeAssistant, home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """Entries with the same title are told apart by their entry id."""
+    first = await _add(hass, _agent_entry("Voice"))
+    second = await _add(hass, _agent_entry("Voice"))
+    info = await _info(hass)
+    assert info[f"Voice ({first.entry_id}) agent"] == (
+        "Home Assistant agent conversation.home_assistant"
+    )
+    assert f"Voice ({second.entry_id}) agent" in info
+    assert info["loaded_entries"] == 2
+
+
+async def test_nothing_loaded(hass: HomeAssistant, home: Home) -> None:
+    """Without loaded entries the page shows zeros."""
+    assert await async_setup_component(hass, DOMAIN, {})
+    assert await _info(hass) == {"loaded_entries": 0, "active_conversations": 0}
