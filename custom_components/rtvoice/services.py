@@ -190,7 +190,7 @@ def _entry_for_start(hass: HomeAssistant, entry_id: str | None) -> RtVoiceConfig
 
 def knows_conversation(entry: RtVoiceConfigEntry, conversation_id: str) -> bool:
     """Whether the entry knows the id (a live or an archived conversation)."""
-    return conversation_id in entry.runtime_data.sessions.known_ids()
+    return entry.runtime_data.sessions.knows(conversation_id)
 
 
 def _unknown_conversation(

@@ -470,3 +470,59 @@ async def test_stop_and_close_leave_no_task_behind(how: str) -> None:
             await rig.kernel.close(child)
         assert child not in rig.kernel.children()
     assert asyncio.all_tasks() - before == set()
+
+
+# ------------------------------------------------------------------------ withdraw
+
+
+async def test_withdraw_of_an_input_waiting_behind_a_tool() -> None:
+    """An input waiting behind a tool is taken back: superseded, never run."""
+    gate = asyncio.Event()
+    tools = ScriptedToolRunner({"light": ToolBehaviour(result="on", gate=gate)})
+    provider = ScriptedProvider()
+    provider.on("turn on the light", [Tools.of(call("t1", "light"))], [Text("Done.")])
+    async with Rig(provider, tools) as rig:
+        await rig.spawn("c1")
+        first = rig.kernel.push("c1", "turn on the light")
+        await tools.wait_calls(1)
+        queued = rig.kernel.push("c1", "what is the")
+        assert rig.kernel.withdraw("c1", queued.seq) is True
+        assert (await outcome(queued)).status == "superseded"
+        stats = rig.kernel.stats("c1")
+        assert stats is not None and not stats.pending and stats.dropped == 1
+        gate.set()
+        # The tool round still ends at its check: a newer input had arrived.
+        assert (await outcome(first)).status == "interrupted"
+        asked = [c.user_text for c in provider.calls]
+        assert "what is the" not in asked
+        transcript = rig.kernel.transcript("c1")
+        assert transcript is not None
+        assert "what is the" not in [m.content for m in transcript]
+        assert rig.kernel.withdraw("c1", queued.seq) is False  # nothing left to take
+
+
+async def test_withdraw_of_the_running_round_interrupts_it() -> None:
+    """Withdrawing the input being answered cuts its round like interrupt()."""
+    release = asyncio.Event()
+    provider = ScriptedProvider([Text("Let me"), WaitFor(release), Text(" see")])
+    async with Rig(provider) as rig:
+        output = await rig.spawn("c1")
+        ticket = rig.kernel.push("c1", "a question")
+        await output.wait_text("Let me")
+        assert rig.kernel.withdraw("c1", ticket.seq) is True
+        result = await outcome(ticket)
+        assert result.status == "interrupted" and result.text == "Let me"
+        transcript = rig.kernel.transcript("c1")
+        assert transcript is not None
+        assert [m.role for m in transcript] == ["user", "assistant"]
+
+
+async def test_withdraw_after_the_answer_does_nothing() -> None:
+    """A finished input cannot be withdrawn; an unknown child raises."""
+    async with Rig(ScriptedProvider([Text("Hi")])) as rig:
+        await rig.spawn("c1")
+        ticket = rig.kernel.push("c1", "hello")
+        assert (await outcome(ticket)).status == "completed"
+        assert rig.kernel.withdraw("c1", ticket.seq) is False
+        with pytest.raises(KernelError):
+            rig.kernel.withdraw("nobody", 1)

@@ -139,6 +139,7 @@ class _Round:
         "task",
         "text",
         "turn_text",
+        "withdrawn",
     )
 
     def __init__(
@@ -151,6 +152,7 @@ class _Round:
         self.task: asyncio.Task[None] | None = None
         self.model_called = False
         self.interrupt_requested = False
+        self.withdrawn = False  # its caller took the input back (see Kernel.withdraw)
         self.emitted: list[str] = []  # every delta of the round
         self.turn_text: list[str] = []  # deltas of the current model call
         self.first_delta = True
@@ -308,6 +310,25 @@ class Kernel:
         rnd.interrupt_requested = True
         self._cut_round(child)
         return True
+
+    def withdraw(self, child_id: str, seq: int) -> bool:
+        """Take back the input ``seq`` (its caller went away); False if too late.
+
+        Still waiting in the slot: it is removed and settles ``superseded`` (it never
+        reached the model; nothing is committed). Being answered: the round is cut as
+        by ``interrupt`` (critical sections still protected). Already answered or
+        unknown: nothing happens.
+        """
+        child = self._live(child_id)
+        voided = child.slot.withdraw(seq)
+        if voided is not None:
+            _settle(child.tickets.pop(seq, None), Outcome("superseded"))
+            return True
+        rnd = child.round
+        if rnd is not None and rnd.seq == seq and not rnd.finished:
+            rnd.withdrawn = not rnd.model_called  # not yet at the model: superseded
+            return self.interrupt(child_id)
+        return False
 
     def _cut_round(self, child: _Child) -> None:
         rnd = child.round
@@ -672,7 +693,7 @@ class Kernel:
         """Settle a round ended by a newer input, interrupt() or stop."""
         rnd.finished = True
         error = "stopped" if child.stopped else None
-        if not rnd.model_called and not rnd.interrupt_requested:
+        if not rnd.model_called and (rnd.withdrawn or not rnd.interrupt_requested):
             # The input never reached the model: superseded, nothing committed.
             if child.stopped:
                 _settle(rnd.future, Outcome("interrupted", error=error))

@@ -48,6 +48,16 @@ class LatestSlot:
         self.wake.clear()
         return pending
 
+    def withdraw(self, seq: int) -> PendingInput | None:
+        """Remove the pending input if it is ``seq`` (counted as dropped)."""
+        pending = self._pending
+        if pending is None or pending.seq != seq:
+            return None
+        self._pending = None
+        self.wake.clear()
+        self.dropped += 1
+        return pending
+
     @property
     def pending(self) -> bool:
         """Whether an input waits (diagnostics only; never poll it)."""

@@ -1,0 +1,48 @@
+"""Realtime Voice: realtime LLM conversations for Home Assistant voice satellites."""
+
+from __future__ import annotations
+
+from homeassistant.const import Platform
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import config_validation as cv
+from homeassistant.helpers.typing import ConfigType
+
+from .const import DOMAIN
+from .control_api import async_register_control_api
+from .runtime import RtVoiceConfigEntry, async_build_runtime
+from .services import async_setup_services
+
+PLATFORMS: list[Platform] = [Platform.CONVERSATION, Platform.SENSOR]
+
+CONFIG_SCHEMA = cv.config_entry_only_config_schema(DOMAIN)
+
+
+async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
+    """Register the actions (they serve every entry)."""
+    async_setup_services(hass)
+    return True
+
+
+async def async_setup_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> bool:
+    """Build the runtime of an entry and set up its platforms.
+
+    The brain is validated first: ConfigEntryNotReady / ConfigEntryAuthFailed come
+    from there. Unloading closes every conversation (transcript hand-off included).
+    """
+    runtime = await async_build_runtime(hass, entry)
+    entry.runtime_data = runtime
+    entry.async_on_unload(runtime.async_shutdown)
+    await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
+    entry.async_on_unload(async_register_control_api(hass, entry))
+    entry.async_on_unload(entry.add_update_listener(_async_update_listener))
+    return True
+
+
+async def _async_update_listener(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> None:
+    """Options changed: reload so the new options apply."""
+    await hass.config_entries.async_reload(entry.entry_id)
+
+
+async def async_unload_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> bool:
+    """Unload platforms; the on-unload callbacks close every conversation."""
+    return await hass.config_entries.async_unload_platforms(entry, PLATFORMS)

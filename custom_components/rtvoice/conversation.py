@@ -1,0 +1,118 @@
+"""The conversation entity of Realtime Voice (pipeline mode, DESIGN §5.3).
+
+A thin shell: every turn goes to ``SessionManager.async_converse``, which routes it to
+the conversation's kernel child, streams the answer into HA's chat log and turns a
+cancelled call (a new pipeline run on the same satellite) into an interruption.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from homeassistant.components import conversation
+from homeassistant.const import MATCH_ALL
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import chat_session, device_registry as dr
+from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+
+from .const import (
+    BRAIN_HA_AGENT,
+    CONF_AGENT_ID,
+    CONF_BRAIN,
+    CONF_MODEL,
+    DEFAULT_AGENT_ID,
+    DEFAULT_MODEL,
+    DOMAIN,
+)
+from .runtime import RtVoiceConfigEntry
+
+MANUFACTURER = "Realtime Voice"
+
+# Whether the base entity opens the chat session and chat log itself and hands them
+# to ``_async_handle_message`` (2025.4 and later); if not, this entity does it.
+_BASE_OPENS_CHAT_LOG = hasattr(conversation.ConversationEntity, "_async_handle_message")
+
+
+async def async_setup_entry(
+    hass: HomeAssistant,
+    entry: RtVoiceConfigEntry,
+    async_add_entities: AddConfigEntryEntitiesCallback,
+) -> None:
+    """Set up the conversation entity of an entry."""
+    async_add_entities([RtVoiceConversationEntity(entry)])
+
+
+def _model(entry: RtVoiceConfigEntry) -> str:
+    """Return the model that answers, or the agent the answers are delegated to."""
+    if entry.data.get(CONF_BRAIN) == BRAIN_HA_AGENT:
+        return str(entry.data.get(CONF_AGENT_ID) or DEFAULT_AGENT_ID)
+    return str(entry.data.get(CONF_MODEL) or DEFAULT_MODEL)
+
+
+class RtVoiceConversationEntity(
+    conversation.ConversationEntity, conversation.AbstractConversationAgent
+):
+    """Realtime Voice as a conversation agent."""
+
+    _attr_has_entity_name = True
+    _attr_name = None
+
+    def __init__(self, entry: RtVoiceConfigEntry) -> None:
+        """Create the entity of an entry."""
+        self.entry = entry
+        self._attr_unique_id = entry.entry_id
+        self._attr_device_info = dr.DeviceInfo(
+            identifiers={(DOMAIN, entry.entry_id)},
+            name=entry.title,
+            manufacturer=MANUFACTURER,
+            model=_model(entry),
+            entry_type=dr.DeviceEntryType.SERVICE,
+        )
+        if entry.runtime_data.tools is not None:
+            self._attr_supported_features = (
+                conversation.ConversationEntityFeature.CONTROL
+            )
+        # Newer HA streams the chat log into TTS when the entity says it streams.
+        if hasattr(conversation.ConversationEntity, "_attr_supports_streaming"):
+            self._attr_supports_streaming = True  # pragma: no cover - HA > 2025.4
+
+    @property
+    def supported_languages(self) -> list[str] | Literal["*"]:
+        """Every language: the model answers in the user's language."""
+        return MATCH_ALL
+
+    async def async_added_to_hass(self) -> None:
+        """Register as the agent of the entry."""
+        await super().async_added_to_hass()
+        conversation.async_set_agent(self.hass, self.entry, self)
+
+    async def async_will_remove_from_hass(self) -> None:
+        """Unregister the agent."""
+        conversation.async_unset_agent(self.hass, self.entry)
+        await super().async_will_remove_from_hass()
+
+    if not _BASE_OPENS_CHAT_LOG:  # pragma: no cover - HA versions before 2025.4
+
+        async def async_process(
+            self, user_input: conversation.ConversationInput
+        ) -> conversation.ConversationResult:
+            """Open the chat session and chat log, then handle the message."""
+            with (
+                chat_session.async_get_chat_session(
+                    self.hass, user_input.conversation_id
+                ) as session,
+                conversation.async_get_chat_log(
+                    self.hass, session, user_input
+                ) as chat_log,
+            ):
+                return await self._async_handle_message(user_input, chat_log)
+
+    async def _async_handle_message(
+        self,
+        user_input: conversation.ConversationInput,
+        chat_log: conversation.ChatLog,
+    ) -> conversation.ConversationResult:
+        """Answer one turn through the entry's sessions."""
+        return await self.entry.runtime_data.sessions.async_converse(
+            user_input, chat_log, self.entity_id
+        )

@@ -1,0 +1,936 @@
+"""Conversations: one kernel child each, routed by satellite, device or id.
+
+The ``SessionManager`` owns the entry's ``Kernel``. A *session* is one realtime child
+(its id is the conversation id handed to Home Assistant). It is found by the satellite
+the turn comes from, else by the device, else by the conversation id (DESIGN §5.3):
+
+- One session per satellite (or device). A turn with a conversation id the session does
+  not know is a new conversation on that satellite: the old child is closed (transcript
+  hand-off) and a new one spawned. Two exceptions keep a call together: the first turn
+  after Home Assistant cancelled a turn of the session (a barge-in: a cancelled pipeline
+  run never stores its chat session, so HA hands the next run a fresh id), and the first
+  turn after a conversation was started by the control plane
+  (``rtvoice.start_conversation``). The new id then becomes an alias of the session.
+- ``async_converse`` pushes the text (with a carried-over superseded input) and awaits
+  the outcome of its round, shielded. If HA cancels the caller, the round is
+  interrupted (tools still complete) and the cancellation propagates.
+- Deltas of the round arrive through the session's output channel and are streamed into
+  HA's chat log as content only; tool calls and results are recorded after they
+  finished (the kernel runs the tools, never HA's chat log).
+- Every session has exactly one idle timer, reset on every turn; when it expires the
+  session closes (hand-off). Nothing runs while nobody talks.
+
+Answers of rounds started by the control plane (``send``) are spoken on the
+satellite with ``assist_satellite.announce`` when the satellite supports announcements;
+otherwise they are only kept in the transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+import contextlib
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from functools import partial
+import json
+import logging
+from typing import Any, Final, Literal
+
+from homeassistant.components.conversation import (
+    AssistantContent,
+    AssistantContentDeltaDict,
+    ChatLog,
+    ConversationInput,
+    ConversationResult,
+    ToolResultContent,
+)
+from homeassistant.const import EVENT_HOMEASSISTANT_STOP
+from homeassistant.core import CALLBACK_TYPE, Context, Event, HomeAssistant, callback
+from homeassistant.exceptions import HomeAssistantError, TemplateError
+from homeassistant.helpers import intent, llm, template
+from homeassistant.helpers.dispatcher import async_dispatcher_send
+from homeassistant.helpers.event import async_call_later
+from homeassistant.util.ulid import ulid_now
+
+from . import compat
+from .brain import Brain, TurnContext
+from .const import (
+    CONF_CARRY_OVER,
+    CONF_CONTEXT_WINDOW,
+    CONF_IDLE_TIMEOUT,
+    CONF_MAX_TOOL_TURNS,
+    CONF_PROMPT,
+    DEFAULT_CARRY_OVER,
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_TOOL_TURNS,
+    DOMAIN,
+    EVENT_ASK_PARENT,
+    EVENT_CONVERSATION_CLOSED,
+    SIGNAL_SESSION_UPDATE,
+)
+from .kernel import (
+    Capability,
+    ChannelDef,
+    ChannelRegistry,
+    ChildOptions,
+    ChildState,
+    Kernel,
+    KernelError,
+    Outcome,
+    PromptRegistry,
+    Ticket,
+    ToolCall,
+)
+from .satellites import SatelliteDirectory, channel_names
+
+_LOGGER = logging.getLogger(__name__)
+
+APOLOGY: Final = "Sorry, I couldn't reach the language model."
+STATE_CLOSED: Final = "closed"
+FEATURE_ANNOUNCE: Final = "announce"
+_RT: Final = ChannelDef(realtime=True)
+
+
+class UnknownSatelliteError(KernelError, ValueError):
+    """The named satellite is not an ``assist_satellite`` this entry knows."""
+
+
+class UnknownConversationError(KernelError):
+    """No live conversation has that id; the message lists the known ids."""
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """State and counters of one conversation, for sensors and diagnostics.
+
+    ``state`` is a ``ChildState`` value (idle, thinking, speaking, tool) or
+    ``"closed"`` once the conversation has ended.
+    """
+
+    conversation_id: str
+    satellite: str | None
+    state: str
+    rounds: int = 0
+    last_seq: int = 0
+    pending: bool = False  # an input waits for its round (e.g. behind a tool)
+    dropped: int = 0
+    suppressed_cancels: int = 0
+    interrupted: int = 0
+    superseded: int = 0
+    completed: int = 0
+    failed: int = 0
+    tool_calls: int = 0
+    messages: int = 0
+    first_delta_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class _ToolRecord:
+    """A finished tool call, to be written into the chat log."""
+
+    call: ToolCall
+    result: str
+
+
+class _End:
+    """Sentinel that ends a turn's delta feed."""
+
+
+_END: Final = _End()
+
+type _FeedItem = str | _ToolRecord | _End
+
+
+@dataclass
+class _Input:
+    """The newest input pushed into a session, for carry-over and routing of output."""
+
+    text: str
+    ticket: Ticket
+    emitted: bool = False  # an output delta of its round has been seen
+
+
+@dataclass
+class _Turn:
+    """One ``async_converse`` call waiting for its round."""
+
+    seq: int
+    queue: asyncio.Queue[_FeedItem]
+    feeder: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Session:
+    """One conversation = one kernel child."""
+
+    id: str
+    satellite: str | None
+    device_id: str | None
+    key: str | None  # satellite entity id or "device:<id>"; None = by id only
+    input_channel: str
+    output_channel: str
+    adhoc: bool  # the channel pair was registered for this session
+    ids: set[str] = field(default_factory=set)  # own id + aliases HA used
+    adopt_new_id: bool = False  # the next unknown id on this key continues it
+    last_input: _Input | None = None
+    turn: _Turn | None = None
+    turns_running: int = 0
+    idle_unsub: CALLBACK_TYPE | None = None
+    closing: bool = False
+
+
+def _spoken_result(
+    language: str, conversation_id: str, speech: str
+) -> ConversationResult:
+    response = intent.IntentResponse(language=language)
+    response.async_set_speech(speech)
+    return ConversationResult(
+        response=response,
+        conversation_id=conversation_id,
+        continue_conversation=speech.strip().endswith(("?", ";")),
+    )
+
+
+def _tool_result_object(result: str) -> dict[str, Any]:
+    """Return a tool result as the JSON object HA's chat log stores."""
+    try:
+        value = json.loads(result)
+    except ValueError:
+        return {"result": result}
+    return value if isinstance(value, dict) else {"result": value}
+
+
+async def _text_segment(
+    queue: asyncio.Queue[_FeedItem], first: str, rest: list[_FeedItem]
+) -> AsyncIterator[AssistantContentDeltaDict]:
+    """Yield one assistant message's deltas; the item that ended it goes to ``rest``."""
+    yield {"role": "assistant"}
+    yield {"content": first}
+    while isinstance(item := await queue.get(), str):
+        yield {"content": item}
+    rest.append(item)
+
+
+def _record_tool(chat_log: ChatLog, agent_id: str, record: _ToolRecord) -> None:
+    """Append a finished call and its result (HA must not run it: append directly)."""
+    call = record.call
+    chat_log.content.append(
+        AssistantContent(
+            agent_id=agent_id,
+            tool_calls=[
+                llm.ToolInput(id=call.id, tool_name=call.name, tool_args=call.arguments)
+            ],
+        )
+    )
+    chat_log.content.append(
+        ToolResultContent(
+            agent_id=agent_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            tool_result=_tool_result_object(record.result),
+        )
+    )
+
+
+class SessionManager:
+    """Conversations of one config entry (DESIGN §5.3, docs/architecture.md)."""
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        entry: Any,
+        brain: Brain,
+        channels: ChannelRegistry,
+        prompts: PromptRegistry,
+    ) -> None:
+        """Create the kernel of the entry; sessions start on demand."""
+        self._hass = hass
+        self._entry = entry
+        self._brain = brain
+        self._channels = channels
+        self._prompts = prompts
+        self.kernel = Kernel(
+            brain.provider,
+            channels,
+            tools=brain.tools,
+            prompts=prompts,
+            parent_id="parent",
+            on_closed=self._on_closed,
+            # ask_parent is a tool: with tools off ("none") the model gets no tools
+            # at all, so chat-only models keep working.
+            on_ask_parent=self._on_ask_parent if brain.tools is not None else None,
+            on_state=self._on_state,
+        )
+        brain.on_tool_result = self._on_tool_result
+        options = entry.options
+        self._prompt_template: str = options.get(CONF_PROMPT) or ""
+        self._context_window = int(
+            options.get(CONF_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
+        )
+        self._max_tool_turns = int(
+            options.get(CONF_MAX_TOOL_TURNS, DEFAULT_MAX_TOOL_TURNS)
+        )
+        self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
+        self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
+        self._signal = SIGNAL_SESSION_UPDATE.format(entry.entry_id)
+        self._satellites: SatelliteDirectory | None = None
+        self._sessions: dict[str, _Session] = {}  # by session id
+        self._by_alias: dict[str, _Session] = {}  # every id a session answers to
+        self._by_key: dict[str, _Session] = {}  # satellite / device key
+        self._satellite_of: dict[str, str | None] = {}  # also for closed ids
+        self._lock = asyncio.Lock()
+        self._close_tasks: set[asyncio.Task[Any]] = set()
+        self._announce_tasks: set[asyncio.Task[Any]] = set()
+        self._unsubs: list[CALLBACK_TYPE] = []
+        self._stop_unsub: CALLBACK_TYPE | None = hass.bus.async_listen_once(
+            EVENT_HOMEASSISTANT_STOP, self._on_hass_stop
+        )
+        self._shut_down = False
+
+    # ── wiring ────────────────────────────────────────────────────────────
+
+    def attach_satellites(self, satellites: SatelliteDirectory) -> None:
+        """Route by satellite and close sessions of satellites that disappear."""
+        self._satellites = satellites
+        self._unsubs.append(satellites.async_add_listener(self._on_satellite_change))
+
+    @callback
+    def _on_satellite_change(self, entity_id: str, present: bool) -> None:
+        if present or (session := self._by_key.get(entity_id)) is None:
+            return
+        _LOGGER.debug("Satellite %s is gone; closing %s", entity_id, session.id)
+        self._close_later(session)
+
+    async def _on_hass_stop(self, _event: Event) -> None:
+        self._stop_unsub = None  # a fired once-listener must not be removed again
+        await self.async_shutdown()
+
+    # ── Home Assistant's conversation agent ───────────────────────────────
+
+    async def async_converse(
+        self, user_input: ConversationInput, chat_log: ChatLog, agent_id: str
+    ) -> ConversationResult:
+        """Answer one turn of a conversation (the conversation entity calls this)."""
+        session = await self._async_route(user_input, chat_log)
+        self._brain.set_turn(
+            session.id,
+            TurnContext(
+                context=user_input.context,
+                language=user_input.language,
+                device_id=user_input.device_id,
+                satellite_id=session.satellite,
+                conversation_id=session.id,
+            ),
+        )
+        await self._brain.async_prepare(session.id)
+        ticket = self._push(session, user_input.text)
+        turn = _Turn(ticket.seq, asyncio.Queue())
+        turn.feeder = self._entry.async_create_background_task(
+            self._hass,
+            self._async_feed(turn, chat_log, agent_id),
+            f"{DOMAIN} chat log feed {session.id}#{ticket.seq}",
+        )
+        session.turn = turn
+        session.turns_running += 1
+        try:
+            outcome = await asyncio.shield(ticket.outcome)
+        except asyncio.CancelledError:
+            # HA started a new run (barge-in): cut the round; a running tool still
+            # completes. Then let the cancellation propagate.
+            self._caller_cancelled(session, ticket)
+            await self._async_end_turn(session, turn, cancel=True)
+            raise
+        await self._async_end_turn(session, turn, cancel=False)
+        if outcome.status == "completed":
+            session.adopt_new_id = False
+        return self._result(user_input.language, session, outcome, chat_log, agent_id)
+
+    def _result(
+        self,
+        language: str,
+        session: _Session,
+        outcome: Outcome,
+        chat_log: ChatLog,
+        agent_id: str,
+    ) -> ConversationResult:
+        if outcome.status != "failed":
+            return _spoken_result(language, session.id, outcome.text)
+        _LOGGER.debug("Conversation %s: the round failed", session.id)
+        chat_log.async_add_assistant_content_without_tools(
+            AssistantContent(agent_id=agent_id, content=APOLOGY)
+        )
+        response = intent.IntentResponse(language=language)
+        response.async_set_error(intent.IntentResponseErrorCode.UNKNOWN, APOLOGY)
+        return ConversationResult(response=response, conversation_id=session.id)
+
+    def _caller_cancelled(self, session: _Session, ticket: Ticket) -> None:
+        """HA cancelled the caller: take its input back (tools still complete)."""
+        session.adopt_new_id = True
+        if ticket.outcome.done():
+            return  # the answer was complete already: nothing to cut
+        with contextlib.suppress(KernelError):  # closing: the close settles the ticket
+            if self.kernel.withdraw(session.id, ticket.seq):
+                self._send_update(session)
+
+    async def _async_route(
+        self, user_input: ConversationInput, chat_log: ChatLog
+    ) -> _Session:
+        """Find or start the session of a turn (a new id on a satellite closes the old)."""
+        satellite = compat.satellite_id(user_input)
+        device_id = user_input.device_id
+        if satellite is None and device_id and self._satellites is not None:
+            satellite = self._satellites.entity_for_device(device_id)
+        key = satellite or (f"device:{device_id}" if device_id else None)
+        wanted = {
+            i for i in (user_input.conversation_id, chat_log.conversation_id) if i
+        }
+        async with self._lock:
+            if key is None:
+                for conversation_id in wanted:
+                    if (session := self._by_alias.get(conversation_id)) is not None:
+                        return session
+            elif (session := self._by_key.get(key)) is not None:
+                if wanted & session.ids:
+                    return session
+                if session.adopt_new_id:
+                    session.adopt_new_id = False
+                    for alias in wanted:
+                        session.ids.add(alias)
+                        self._by_alias[alias] = session
+                    return session
+                _LOGGER.debug("New conversation on %s: closing %s", key, session.id)
+                await self._async_close(session)
+            return await self._async_spawn(
+                self._new_id(chat_log.conversation_id),
+                satellite=satellite,
+                device_id=device_id,
+                key=key,
+                system_prompt=self._render_prompt(),
+                extra_prompt=user_input.extra_system_prompt,
+                adopt_new_id=False,
+            )
+
+    def _new_id(self, proposed: str | None) -> str:
+        """HA's conversation id when it is fresh for us, else a new ULID."""
+        if (
+            proposed
+            and proposed != self.kernel.parent_id
+            and proposed not in self._by_alias
+            and self.kernel.transcript(proposed) is None
+        ):
+            return proposed
+        return ulid_now()
+
+    # ── the control plane ─────────────────────────────────────────────────
+
+    async def async_start_conversation(
+        self, satellite: str | None, system_prompt: str | None = None
+    ) -> str:
+        """Start a conversation (on a satellite, else on an ad-hoc pair); its id."""
+        if satellite is not None and (
+            self._satellites is None or self._satellites.info(satellite) is None
+        ):
+            known = ", ".join(self._satellites.satellites()) if self._satellites else ""
+            raise UnknownSatelliteError(
+                f"unknown satellite {satellite!r} (known: {known or 'none'})"
+            )
+        async with self._lock:
+            if satellite is not None and (old := self._by_key.get(satellite)):
+                await self._async_close(old)
+            info = (
+                self._satellites.info(satellite)
+                if satellite and self._satellites
+                else None
+            )
+            session = await self._async_spawn(
+                ulid_now(),
+                satellite=satellite,
+                device_id=info.device_id if info else None,
+                key=satellite,
+                system_prompt=system_prompt
+                if system_prompt is not None
+                else self._render_prompt(),
+                extra_prompt=None,
+                adopt_new_id=True,
+            )
+        self._brain.set_turn(
+            session.id,
+            TurnContext(
+                context=Context(),
+                language=(info.language if info else None)
+                or self._hass.config.language,
+                device_id=session.device_id,
+                satellite_id=satellite,
+                conversation_id=session.id,
+            ),
+        )
+        await self._brain.async_prepare(session.id)
+        return session.id
+
+    def send(self, conversation_id: str, text: str) -> int:
+        """Push ``text`` into a live conversation (interrupting it); the input seq."""
+        session = self._live(conversation_id)
+        ticket = self._push(session, text)
+        ticket.outcome.add_done_callback(partial(self._sent_round_done, session))
+        return ticket.seq
+
+    async def async_stop_conversation(self, conversation_id: str) -> int:
+        """Close a live conversation with hand-off; the number of messages handed off."""
+        return await self._async_close(self._live(conversation_id))
+
+    def list_conversations(self) -> list[dict[str, Any]]:
+        """Live conversations: id, satellite, state and counters."""
+        items: list[dict[str, Any]] = []
+        for session in sorted(self._sessions.values(), key=lambda s: s.id):
+            snapshot = self._snapshot(session)
+            items.append(
+                {
+                    "id": session.id,
+                    "satellite": session.satellite,
+                    "device_id": session.device_id,
+                    "state": snapshot.state,
+                    "stats": {
+                        "rounds": snapshot.rounds,
+                        "last_seq": snapshot.last_seq,
+                        "pending": snapshot.pending,
+                        "dropped": snapshot.dropped,
+                        "suppressed_cancels": snapshot.suppressed_cancels,
+                        "interrupted": snapshot.interrupted,
+                        "superseded": snapshot.superseded,
+                        "completed": snapshot.completed,
+                        "failed": snapshot.failed,
+                        "tool_calls": snapshot.tool_calls,
+                        "messages": snapshot.messages,
+                        "first_delta_ms": snapshot.first_delta_ms,
+                    },
+                }
+            )
+        return items
+
+    def transcript_page(
+        self, conversation_id: str, offset: int, limit: int, fmt: str
+    ) -> str:
+        """Return a page of a live or archived transcript (KernelError if unknown)."""
+        if (session := self._by_alias.get(conversation_id)) is not None:
+            conversation_id = session.id
+        page_format: Literal["text", "raw"] = "raw" if fmt == "raw" else "text"
+        return self.kernel.transcript_page(conversation_id, offset, limit, page_format)
+
+    def known_ids(self) -> list[str]:
+        """Ids of live and archived conversations."""
+        return sorted({*self._sessions, *self.kernel.archived()})
+
+    def knows(self, conversation_id: str) -> bool:
+        """Whether the id names a live conversation (any of its ids) or an archive."""
+        return (
+            conversation_id in self._by_alias
+            or conversation_id in self.kernel.archived()
+        )
+
+    def snapshot(self, satellite: str) -> SessionSnapshot | None:
+        """State of the live conversation of a satellite (or of that id), or None."""
+        session = self._by_key.get(satellite) or self._by_alias.get(satellite)
+        return self._snapshot(session) if session is not None else None
+
+    async def async_shutdown(self) -> None:
+        """Close every conversation (hand-off), cancel timers, tasks and listeners."""
+        self._shut_down = True
+        if self._stop_unsub is not None:
+            self._stop_unsub()
+            self._stop_unsub = None
+        while self._unsubs:
+            self._unsubs.pop()()
+        for session in self._sessions.values():
+            self._cancel_idle(session)
+        for task in self._announce_tasks:
+            task.cancel()
+        sessions = list(self._sessions.values())
+        if sessions:
+            await asyncio.gather(*(self._async_close(s) for s in sessions))
+        # Closes already under way (idle timer, vanished satellite) and announcements.
+        if pending := self._close_tasks | self._announce_tasks:
+            await asyncio.wait(pending)
+
+    # ── sessions ──────────────────────────────────────────────────────────
+
+    def _render_prompt(self) -> str:
+        """Render the configured prompt template (once per new session)."""
+        if not self._prompt_template.strip():
+            return ""
+        try:
+            return str(
+                template.Template(self._prompt_template, self._hass).async_render(
+                    parse_result=False
+                )
+            )
+        except TemplateError as err:
+            _LOGGER.warning("The prompt template cannot be rendered: %s", err)
+            return self._prompt_template
+
+    async def _async_spawn(
+        self,
+        session_id: str,
+        *,
+        satellite: str | None,
+        device_id: str | None,
+        key: str | None,
+        system_prompt: str,
+        extra_prompt: str | None,
+        adopt_new_id: bool,
+    ) -> _Session:
+        if (
+            satellite is not None
+            and self._satellites is not None
+            and self._satellites.info(satellite) is not None
+        ):
+            input_channel, output_channel = channel_names(satellite)
+            adhoc = False
+        else:
+            input_channel = f"conversation.{session_id}:in"
+            output_channel = f"conversation.{session_id}:out"
+            adhoc = True
+        session = _Session(
+            id=session_id,
+            satellite=satellite,
+            device_id=device_id,
+            key=key,
+            input_channel=input_channel,
+            output_channel=output_channel,
+            adhoc=adhoc,
+            ids={session_id},
+            adopt_new_id=adopt_new_id,
+        )
+        if adhoc:
+            self._channels.register_input(input_channel, _RT)
+            self._channels.register_output(
+                output_channel,
+                partial(self._on_delta, session),
+                Capability.TEXT,
+                _RT,
+            )
+        if extra_prompt:
+            system_prompt = "\n\n".join(p for p in (system_prompt, extra_prompt) if p)
+        try:
+            await self.kernel.spawn(
+                ChildOptions(
+                    id=session_id,
+                    input=input_channel,
+                    output=output_channel,
+                    system_prompt=system_prompt,
+                    max_tool_turns=self._max_tool_turns,
+                    context_window=self._context_window,
+                    prompt_scope=satellite,
+                )
+            )
+        except KernelError:  # pragma: no cover - the pair and id were checked above
+            if adhoc:
+                self._channels.unregister(input_channel)
+                self._channels.unregister(output_channel)
+            raise
+        self._sessions[session_id] = session
+        self._by_alias[session_id] = session
+        if key is not None:
+            self._by_key[key] = session
+        self._satellite_of[session_id] = satellite
+        self._arm_idle(session)
+        _LOGGER.debug(
+            "Conversation %s started (satellite=%s, channels=%s)",
+            session_id,
+            satellite,
+            "ad-hoc" if adhoc else "satellite",
+        )
+        self._send_update(session)
+        return session
+
+    async def _async_close(self, session: _Session) -> int:
+        """Close a session: stop its child, hand off its transcript, free its pair.
+
+        Only sessions found in the maps are closed, and closing takes them out first,
+        so a session is closed exactly once.
+        """
+        session.closing = True
+        self._cancel_idle(session)
+        self._sessions.pop(session.id, None)
+        for alias in session.ids:
+            if self._by_alias.get(alias) is session:
+                del self._by_alias[alias]
+        if session.key is not None and self._by_key.get(session.key) is session:
+            del self._by_key[session.key]
+        final = self._snapshot(session)
+        messages = await self.kernel.close(session.id)
+        if session.adhoc:
+            self._channels.unregister(session.input_channel)
+            self._channels.unregister(session.output_channel)
+        self._brain.forget(session.id)
+        known = {*self.kernel.archived(), *self._sessions}
+        for closed_id in [i for i in self._satellite_of if i not in known]:
+            del self._satellite_of[closed_id]
+        _LOGGER.debug("Conversation %s closed (%d messages)", session.id, messages)
+        async_dispatcher_send(
+            self._hass,
+            self._signal,
+            session.satellite,
+            replace(final, state=STATE_CLOSED, messages=messages),
+        )
+        return messages
+
+    def _live(self, conversation_id: str) -> _Session:
+        session = self._by_alias.get(conversation_id)
+        if session is None or session.closing:
+            known = ", ".join(sorted(self._sessions)) or "none"
+            raise UnknownConversationError(
+                f"no live conversation {conversation_id!r} (live: {known})"
+            )
+        return session
+
+    def _close_later(self, session: _Session) -> None:
+        """Close a session from a callback.
+
+        A tracked entry task (not a background task): unloading waits for it instead
+        of cancelling it half-way, and ``async_shutdown`` awaits it too.
+        """
+        self._track(
+            self._close_tasks,
+            self._entry.async_create_task(
+                self._hass, self._async_close(session), f"{DOMAIN} close {session.id}"
+            ),
+        )
+
+    @staticmethod
+    def _track(tasks: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
+        if not task.done():
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    # ── input ─────────────────────────────────────────────────────────────
+
+    def _push(self, session: _Session, text: str) -> Ticket:
+        """Push the newest input, with a superseded previous input carried over."""
+        if session.closing:
+            raise UnknownConversationError(f"conversation {session.id!r} is closing")
+        carried = self._carried_over(session)
+        if carried:
+            _LOGGER.debug(
+                "Conversation %s: carrying a superseded input over", session.id
+            )
+            text = f"{carried} {text}"
+        ticket = self.kernel.push(session.id, text)
+        session.last_input = _Input(text=text, ticket=ticket)
+        self._arm_idle(session)
+        self._send_update(session)
+        return ticket
+
+    def _carried_over(self, session: _Session) -> str | None:
+        """Return the previous input if it never reached the model.
+
+        That is an input superseded in the slot or at its round's first check, or one
+        still waiting in the slot that this push is about to void. An input whose model
+        call started is already in the kernel's history (committed as interrupted), so
+        carrying it too would make the model read it twice.
+        """
+        previous = session.last_input
+        if not self._carry_over or previous is None:
+            return None
+        future = previous.ticket.outcome
+        if future.done():
+            outcome = future.result()
+            return previous.text if outcome.status == "superseded" else None
+        stats = self.kernel.stats(session.id)
+        if stats is not None and stats.pending and stats.last_seq == previous.ticket.seq:
+            return previous.text
+        return None
+
+    # ── output ────────────────────────────────────────────────────────────
+
+    async def async_deliver_output(self, entity_id: str, delta: str) -> None:
+        """Output channel handler of the satellites: a delta of that satellite's child."""
+        if (session := self._by_key.get(entity_id)) is not None:
+            self._on_delta(session, delta)
+
+    def _current_turn(self, session: _Session) -> _Turn | None:
+        """Return the turn waiting for the round of the newest input, if any."""
+        turn = session.turn
+        newest = session.last_input
+        if turn is None or newest is None or turn.seq != newest.ticket.seq:
+            return None
+        return turn
+
+    def _on_delta(self, session: _Session, delta: str) -> None:
+        if session.last_input is not None:
+            session.last_input.emitted = True
+        if (turn := self._current_turn(session)) is not None:
+            turn.queue.put_nowait(delta)
+
+    def _on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
+        """Brain callback after each finished tool call: record it in the chat log."""
+        session = self._sessions.get(child_id)
+        if session is not None and (turn := self._current_turn(session)) is not None:
+            turn.queue.put_nowait(_ToolRecord(call, result))
+
+    async def _async_feed(self, turn: _Turn, chat_log: ChatLog, agent_id: str) -> None:
+        """Write a turn's deltas and finished tool calls into HA's chat log, in order.
+
+        Text is streamed with ``async_add_delta_content_stream`` (content only, so HA
+        never runs a tool); a finished tool call is appended as an assistant message
+        with that call, followed by its result.
+        """
+        queue = turn.queue
+        item: _FeedItem = await queue.get()
+        while not isinstance(item, _End):
+            if isinstance(item, _ToolRecord):
+                _record_tool(chat_log, agent_id, item)
+                item = await queue.get()
+                continue
+            rest: list[_FeedItem] = []
+            async for _content in chat_log.async_add_delta_content_stream(
+                agent_id, _text_segment(queue, item, rest)
+            ):
+                pass
+            item = rest[0]
+
+    async def _async_end_turn(
+        self, session: _Session, turn: _Turn, *, cancel: bool
+    ) -> None:
+        """Forget the turn and let its feed finish (or cut it); the feed never lingers."""
+        if session.turn is turn:
+            session.turn = None
+        session.turns_running -= 1
+        self._arm_idle(session)
+        feeder = turn.feeder
+        assert feeder is not None
+        turn.queue.put_nowait(_END)
+        if cancel:
+            feeder.cancel()
+        await asyncio.wait((feeder,))
+        if not feeder.cancelled() and (err := feeder.exception()) is not None:
+            _LOGGER.warning(
+                "Conversation %s: writing the chat log failed: %s",
+                session.id,
+                type(err).__name__,
+            )
+
+    @callback
+    def _sent_round_done(
+        self, session: _Session, future: asyncio.Future[Outcome]
+    ) -> None:
+        """Speak the answer of a control-plane input on its satellite."""
+        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
+            return
+        outcome = future.result()
+        if (
+            outcome.status != "completed"
+            or not outcome.text.strip()
+            or session.satellite is None
+            or self._shut_down
+            or self._satellites is None
+            or (info := self._satellites.info(session.satellite)) is None
+            or FEATURE_ANNOUNCE not in info.features
+        ):
+            return
+        self._track(
+            self._announce_tasks,
+            self._entry.async_create_background_task(
+                self._hass,
+                self._async_announce(session.satellite, outcome.text),
+                f"{DOMAIN} announce {session.id}",
+            ),
+        )
+
+    async def _async_announce(self, satellite: str, text: str) -> None:
+        try:
+            await self._hass.services.async_call(
+                "assist_satellite",
+                "announce",
+                {"message": text},
+                target={"entity_id": satellite},
+                blocking=True,
+            )
+        except HomeAssistantError as err:
+            _LOGGER.warning(
+                "Announcing on %s failed: %s", satellite, type(err).__name__
+            )
+
+    # ── idle timer ────────────────────────────────────────────────────────
+
+    def _arm_idle(self, session: _Session) -> None:
+        """(Re)start the single idle timer of a live session."""
+        self._cancel_idle(session)
+        if session.closing or self._shut_down:
+            return
+        session.idle_unsub = async_call_later(
+            self._hass, self._idle_timeout, partial(self._idle_expired, session)
+        )
+
+    def _cancel_idle(self, session: _Session) -> None:
+        if session.idle_unsub is not None:
+            session.idle_unsub()
+            session.idle_unsub = None
+
+    @callback
+    def _idle_expired(self, session: _Session, _now: datetime) -> None:
+        session.idle_unsub = None
+        if session.closing:  # pragma: no cover - closing cancels the timer
+            return
+        if session.turns_running:
+            self._arm_idle(session)  # a turn is still waiting for its round
+            return
+        _LOGGER.debug("Conversation %s idle: closing", session.id)
+        self._close_later(session)
+
+    # ── kernel callbacks ──────────────────────────────────────────────────
+
+    def _on_closed(self, child_id: str, messages: int, chars: int) -> None:
+        self._hass.bus.async_fire(
+            EVENT_CONVERSATION_CLOSED,
+            {
+                "id": child_id,
+                "messages": messages,
+                "chars": chars,
+                "satellite": self._satellite_of.get(child_id),
+            },
+        )
+
+    def _on_ask_parent(self, child_id: str, text: str) -> None:
+        self._hass.bus.async_fire(
+            EVENT_ASK_PARENT,
+            {
+                "id": child_id,
+                "text": text,
+                "satellite": self._satellite_of.get(child_id),
+            },
+        )
+
+    def _on_state(self, child_id: str, state: str) -> None:
+        session = self._sessions.get(child_id)
+        if session is None:
+            return
+        self._send_update(session)
+
+    def _snapshot(self, session: _Session) -> SessionSnapshot:
+        stats = self.kernel.stats(session.id)
+        if stats is None:  # pragma: no cover - only live sessions are asked
+            return SessionSnapshot(session.id, session.satellite, STATE_CLOSED)
+        return SessionSnapshot(
+            conversation_id=session.id,
+            satellite=session.satellite,
+            state=str(stats.state),
+            rounds=stats.rounds,
+            last_seq=stats.last_seq,
+            pending=stats.pending,
+            dropped=stats.dropped,
+            suppressed_cancels=stats.suppressed_cancels,
+            interrupted=stats.interrupted_rounds,
+            superseded=stats.superseded_rounds,
+            completed=stats.completed_rounds,
+            failed=stats.failed_rounds,
+            tool_calls=stats.tool_calls,
+            messages=stats.messages,
+            first_delta_ms=stats.first_delta_ms,
+        )
+
+    def _send_update(self, session: _Session) -> None:
+        async_dispatcher_send(
+            self._hass, self._signal, session.satellite, self._snapshot(session)
+        )

@@ -1,0 +1,1 @@
+"""Shared test rig of the session, conversation and pipeline tests."""
