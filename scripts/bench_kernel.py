@@ -14,13 +14,12 @@ from dataclasses import dataclass
 import os
 from pathlib import Path
 import platform
-import statistics
 import sys
 import time
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from custom_components.rtvoice.kernel import (  # noqa: E402
+from custom_components.rtvoice.kernel import (
     ChannelDef,
     ChannelRegistry,
     ChildOptions,
@@ -33,16 +32,14 @@ from custom_components.rtvoice.kernel import (  # noqa: E402
     drop_unpaired_tool_calls,
     trim_to_window,
 )
-from custom_components.rtvoice.kernel.openai_provider import (  # noqa: E402
-    OpenAIChatProvider,
-)
-from tests.peers.openai_server import OpenAIPeer, Text, WaitFor  # noqa: E402
+from custom_components.rtvoice.kernel.openai_provider import OpenAIChatProvider
+from tests.peers.openai_server import OpenAIPeer, Text, WaitFor
 
 RT = ChannelDef(realtime=True)
 
 
 def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) by nearest rank."""
+    """Return the q-th percentile (0-100) by nearest rank."""
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
@@ -65,6 +62,7 @@ class EndlessProvider:
     """
 
     def __init__(self, pause: float = 0.0) -> None:
+        """Stream with ``pause`` seconds between deltas."""
         self.pause = pause
         self.calls = 0
         self.last_yield = 0.0
@@ -72,6 +70,7 @@ class EndlessProvider:
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec]
     ) -> AsyncIterator[Delta]:
+        """Yield tagged deltas until the consumer closes the stream."""
         self.calls += 1
         tag = messages[-1].content
         while True:
@@ -81,8 +80,12 @@ class EndlessProvider:
 
 
 async def spawn(
-    kernel: Kernel, channels: ChannelRegistry, child_id: str, handler: Callable[[str], None]
+    kernel: Kernel,
+    channels: ChannelRegistry,
+    child_id: str,
+    handler: Callable[[str], None],
 ) -> None:
+    """Register an RT channel pair for ``child_id`` and spawn the child."""
     channels.register_input(f"{child_id}:in", RT)
     channels.register_output(f"{child_id}:out", handler, definition=RT)
     await kernel.spawn(ChildOptions(child_id, f"{child_id}:in", f"{child_id}:out"))
@@ -280,14 +283,16 @@ async def bench_scale(children: int, hz: float, seconds: float) -> Row:
 
 
 def history_of(size: int) -> list[Message]:
-    """A realistic history: user, assistant with tool calls + results, answers."""
+    """Build a realistic history: user, assistant with tool calls + results, answers."""
     messages = [Message("system", "You are a voice assistant. " * 20)]
     index = 0
     while len(messages) < size:
         messages.append(Message("user", f"turn on light number {index} please"))
         call = ToolCall(f"call{index}", "HassTurnOn", {"name": f"light {index}"})
         messages.append(Message("assistant", "One moment.", tool_calls=[call]))
-        messages.append(Message("tool", '{"success": true}', tool_call_id=f"call{index}"))
+        messages.append(
+            Message("tool", '{"success": true}', tool_call_id=f"call{index}")
+        )
         messages.append(Message("assistant", f"Light {index} is on now."))
         index += 1
     messages = messages[:size]
@@ -324,6 +329,7 @@ def bench_trim(rounds: int) -> Row:
 
 
 def machine() -> str:
+    """Describe this machine: CPU, cores, Python, kernel."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -339,6 +345,7 @@ def machine() -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
+    """Run every benchmark and print the table."""
     rows: list[Row] = []
     barge, delta = await bench_barge_in(args.trials)
     rows += [barge]

@@ -38,7 +38,9 @@ async def async_setup_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> b
     return True
 
 
-async def _async_update_listener(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> None:
+async def _async_update_listener(
+    hass: HomeAssistant, entry: RtVoiceConfigEntry
+) -> None:
     """Options changed: reload so the new options apply."""
     await hass.config_entries.async_reload(entry.entry_id)
 

@@ -75,7 +75,6 @@ from .kernel import (
     ChannelDef,
     ChannelRegistry,
     ChildOptions,
-    ChildState,
     Kernel,
     KernelError,
     Outcome,
@@ -738,7 +737,11 @@ class SessionManager:
             outcome = future.result()
             return previous.text if outcome.status == "superseded" else None
         stats = self.kernel.stats(session.id)
-        if stats is not None and stats.pending and stats.last_seq == previous.ticket.seq:
+        if (
+            stats is not None
+            and stats.pending
+            and stats.last_seq == previous.ticket.seq
+        ):
             return previous.text
         return None
 

@@ -27,15 +27,7 @@ from .kernel import (
 )
 from .prompts import PromptRegistry, PromptSection
 from .transcript import format_transcript
-from .types import (
-    ChatProvider,
-    Delta,
-    Message,
-    Outcome,
-    ToolCall,
-    ToolRunner,
-    ToolSpec,
-)
+from .types import ChatProvider, Delta, Message, Outcome, ToolCall, ToolRunner, ToolSpec
 
 __all__ = [
     "ASK_PARENT_TOOL",

@@ -20,6 +20,7 @@ from .errors import (
     ChannelNotRealtimeError,
     ChannelsNotPairedError,
     ChannelUnknownError,
+    KernelError,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ class ChannelRegistry:
         if definition.realtime:
             capabilities |= Capability.RT
         self._put(
-            Channel(name, "output", capabilities, definition=definition, handler=handler)
+            Channel(
+                name, "output", capabilities, definition=definition, handler=handler
+            )
         )
 
     def _put(self, channel: Channel) -> None:
@@ -130,32 +133,39 @@ class ChannelRegistry:
         previous: dict[str, str] = {}
         try:
             for name, kind in ((input_name, "input"), (output_name, "output")):
-                channel = self._channels.get(name)
-                if channel is None:
-                    raise ChannelUnknownError(f"channel {name!r} is not registered")
-                if channel.kind != kind:
-                    raise ChannelsNotPairedError(
-                        f"channel {name!r} is an {channel.kind} channel;"
-                        f" the pair needs an {kind} channel there"
-                    )
-                if Capability.RT not in channel.capabilities:
-                    raise ChannelNotRealtimeError(
-                        f"channel {name!r} does not declare the RT capability"
-                    )
-                if not owner_is_realtime:
-                    raise AgentNotRealtimeError(
-                        f"agent {owner!r} is not a realtime child;"
-                        " only realtime children hold RT channels"
-                    )
+                channel = self._realtime_channel(name, kind, owner, owner_is_realtime)
                 previous[name] = channel.owner
                 channel.owner = owner
-        except Exception:
+        except KernelError:
             for name, old_owner in previous.items():
                 self._channels[name].owner = old_owner
             raise
 
+    def _realtime_channel(
+        self, name: str, kind: str, owner: str, owner_is_realtime: bool
+    ) -> Channel:
+        """Return channel ``name`` if it may be one side of an RT pair, else raise."""
+        channel = self._channels.get(name)
+        if channel is None:
+            raise ChannelUnknownError(f"channel {name!r} is not registered")
+        if channel.kind != kind:
+            raise ChannelsNotPairedError(
+                f"channel {name!r} is an {channel.kind} channel;"
+                f" the pair needs an {kind} channel there"
+            )
+        if Capability.RT not in channel.capabilities:
+            raise ChannelNotRealtimeError(
+                f"channel {name!r} does not declare the RT capability"
+            )
+        if not owner_is_realtime:
+            raise AgentNotRealtimeError(
+                f"agent {owner!r} is not a realtime child;"
+                " only realtime children hold RT channels"
+            )
+        return channel
+
     def output_handler(self, name: str) -> OutputHandler | None:
-        """The handler of output channel ``name`` (None when unknown)."""
+        """Return the handler of output channel ``name`` (None when unknown)."""
         channel = self._channels.get(name)
         return channel.handler if channel is not None else None
 

@@ -273,7 +273,9 @@ class Kernel:
         # whoever spawned it (e.g. a caller's chat log or trace), since its rounds
         # outlive that caller and serve later callers.
         child.loop_task = asyncio.create_task(
-            self._child_loop(child), name=f"rtvoice child {options.id}", context=Context()
+            self._child_loop(child),
+            name=f"rtvoice child {options.id}",
+            context=Context(),
         )
         self._children[options.id] = child
         _LOGGER.debug(
@@ -449,12 +451,12 @@ class Kernel:
         )
 
     def options(self, child_id: str) -> ChildOptions | None:
-        """The options a live child was spawned with."""
+        """Return the options a live child was spawned with."""
         child = self._children.get(child_id)
         return child.options if child is not None else None
 
     def transcript(self, child_id: str) -> list[Message] | None:
-        """The full history of a live or archived child (a copy), or None."""
+        """Return the full history of a live or archived child (a copy), or None."""
         child = self._children.get(child_id)
         history = child.history if child is not None else self._archive.get(child_id)
         if history is None:
@@ -472,7 +474,7 @@ class Kernel:
         limit: int = DEFAULT_PAGE_LIMIT,
         fmt: Literal["text", "raw"] = "text",
     ) -> str:
-        """A page of a transcript; KernelError for an unknown id."""
+        """Return a page of a transcript; KernelError for an unknown id."""
         child = self._children.get(child_id)
         history = child.history if child is not None else self._archive.get(child_id)
         if history is None:
@@ -511,7 +513,7 @@ class Kernel:
             child.round = None
 
     def _settle_unstarted(self, child: _Child, rnd: _Round) -> None:
-        """A round task cancelled before it ever ran never reached its handlers."""
+        """Settle a round whose task was cancelled before it ever ran."""
         if not rnd.finished:
             self._end_cut(child, rnd)
 
@@ -523,7 +525,7 @@ class Kernel:
             if not rnd.finished:
                 self._end_cut(child, rnd)
             raise
-        except Exception as err:  # provider or tool-spec failure ends the round
+        except Exception as err:  # noqa: BLE001 - any provider failure ends the round
             self._end_failed(child, rnd, err)
         finally:
             self._set_state(child, ChildState.IDLE)
@@ -566,13 +568,13 @@ class Kernel:
         return specs
 
     def system_prompt(self, options: ChildOptions) -> str:
-        """The system message of a child's next request."""
+        """Return the system message of a child's next request."""
         base = options.system_prompt.strip() or DEFAULT_SYSTEM_PROMPT
         sections = self.prompts.render(options.prompt_scope) if self.prompts else ""
         return f"{base}\n\n{sections}" if sections else base
 
     def request_messages(self, child_id: str) -> list[Message]:
-        """What the next model call of a live child would send."""
+        """Return what the next model call of a live child would send."""
         return self._request_messages(self._live(child_id))
 
     def _request_messages(self, child: _Child) -> list[Message]:
@@ -597,7 +599,9 @@ class Kernel:
                 if delta.content:
                     if rnd.first_delta:
                         rnd.first_delta = False
-                        child.first_delta_ms = (time.perf_counter() - rnd.pushed_at) * 1e3
+                        child.first_delta_ms = (
+                            time.perf_counter() - rnd.pushed_at
+                        ) * 1e3
                         self._set_state(child, ChildState.SPEAKING)
                     rnd.turn_text.append(delta.content)
                     rnd.emitted.append(delta.content)
@@ -659,10 +663,14 @@ class Kernel:
             result: Any = await self.tools.call(call)
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # a tool error is a result the model can read
+        except Exception as err:  # noqa: BLE001 - a tool error is a result the model reads
             _LOGGER.debug("Tool %s failed: %s", call.name, err)
             result = json.dumps(
-                {"error": f"{type(err).__name__}: {err}" if str(err) else type(err).__name__}
+                {
+                    "error": f"{type(err).__name__}: {err}"
+                    if str(err)
+                    else type(err).__name__
+                }
             )
         finally:
             child.critical -= 1
@@ -716,9 +724,7 @@ class Kernel:
             done = {r.tool_call_id for r in results}
             finished = [c for c in calls if c.id in done]
             if finished:
-                child.commit(
-                    Message("assistant", text, tool_calls=finished), *results
-                )
+                child.commit(Message("assistant", text, tool_calls=finished), *results)
                 rnd.turn_text = []
                 return
         text = "".join(rnd.turn_text)

@@ -35,8 +35,10 @@ class PromptRegistry:
     def declare(self, s: PromptSection) -> None:
         """Declare or overwrite a section; empty content removes it."""
         prefix = f"{s.owner}."
-        if not s.owner or not s.section.startswith(prefix) or len(s.section) == len(
-            prefix
+        if (
+            not s.owner
+            or not s.section.startswith(prefix)
+            or len(s.section) == len(prefix)
         ):
             raise ValueError(
                 f"section name {s.section!r} must be {prefix!r} followed by a name"
