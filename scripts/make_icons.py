@@ -6,17 +6,32 @@ Assistant):
 
     .venv/bin/python scripts/make_icons.py
 
-It writes icon.png (256x256) and icon@2x.png (512x512).
+It writes icon.png (256x256) and icon@2x.png (512x512), and the landscape logo
+(the icon followed by the name) as logo.png (256 px high) and logo@2x.png (512 px
+high) with dark lettering for light backgrounds, plus dark_logo.png and
+dark_logo@2x.png with white lettering for dark themes. The lettering uses the font
+that ships inside Pillow (Aileron, public domain), so every machine draws the same
+logo.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 BRAND_DIR = Path(__file__).resolve().parent.parent / "custom_components/rtvoice/brand"
 SIZES = {"icon.png": 256, "icon@2x.png": 512}
+# Logo height by file, and the colour of its lettering.
+LOGO_NAME = "Realtime Voice"
+TEXT_COLOR = (33, 33, 33, 255)  # near black, for light backgrounds
+DARK_TEXT_COLOR = (255, 255, 255, 255)  # for dark themes
+LOGOS = {
+    "logo.png": (256, TEXT_COLOR),
+    "logo@2x.png": (512, TEXT_COLOR),
+    "dark_logo.png": (256, DARK_TEXT_COLOR),
+    "dark_logo@2x.png": (512, DARK_TEXT_COLOR),
+}
 # Draw big, then scale down: smooth edges without per-shape antialiasing.
 CANVAS = 2048
 
@@ -88,13 +103,38 @@ def render(size: int) -> Image.Image:
     return image.resize((size, size), Image.Resampling.LANCZOS)
 
 
+def render_logo(height: int, text_color: tuple[int, int, int, int]) -> Image.Image:
+    """Return the logo: the icon, then the name, ``height`` pixels high, trimmed."""
+    scale = 4  # draw big, then scale down
+    big = height * scale
+    icon = render(big)
+    font = ImageFont.load_default(size=round(big * 0.42))
+    left, top, right, bottom = font.getbbox(LOGO_NAME)
+    gap = round(big * 0.14)
+    image = Image.new("RGBA", (big + gap + right - left, big), (0, 0, 0, 0))
+    image.paste(icon, (0, 0), icon)
+    # Centre the letters' ink (not the font's line box) on the icon's middle.
+    y = (big - (bottom - top)) // 2 - top
+    ImageDraw.Draw(image).text(
+        (big + gap - left, y), LOGO_NAME, font=font, fill=text_color
+    )
+    image = image.crop(image.getbbox())
+    width = round(image.width * height / image.height)
+    return image.resize((width, height), Image.Resampling.LANCZOS)
+
+
 def main() -> None:
-    """Write every icon size into the brand folder."""
+    """Write every icon and logo into the brand folder."""
     BRAND_DIR.mkdir(parents=True, exist_ok=True)
     for name, size in SIZES.items():
         path = BRAND_DIR / name
         render(size).save(path, optimize=True)
         print(f"wrote {path} ({size}x{size})")
+    for name, (height, color) in LOGOS.items():
+        path = BRAND_DIR / name
+        logo = render_logo(height, color)
+        logo.save(path, optimize=True)
+        print(f"wrote {path} ({logo.width}x{logo.height})")
 
 
 if __name__ == "__main__":

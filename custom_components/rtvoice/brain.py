@@ -20,10 +20,9 @@ from dataclasses import dataclass
 import json
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from homeassistant.components import conversation
-from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import (
     ConfigEntryAuthFailed,
@@ -70,6 +69,9 @@ from .kernel.openai_provider import (
     ProviderModelNotFoundError,
 )
 from .tools import HaToolRunner, ToolResultHook, error_text
+
+if TYPE_CHECKING:
+    from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -186,7 +188,7 @@ class Brain:
 
 
 async def async_create_brain(
-    hass: HomeAssistant, entry: ConfigEntry, prompts: PromptRegistry
+    hass: HomeAssistant, entry: RtVoiceConfigEntry, prompts: PromptRegistry
 ) -> Brain:
     """Create the brain an entry is configured for.
 
@@ -198,15 +200,19 @@ async def async_create_brain(
         return await _async_create_openai_brain(hass, entry, prompts)
     if kind == BRAIN_HA_AGENT:
         return _create_ha_agent_brain(hass, entry)
-    raise ConfigEntryError(f"Unknown brain {kind!r}")
+    raise ConfigEntryError(
+        translation_domain=DOMAIN,
+        translation_key="unknown_brain",
+        translation_placeholders={"brain": str(kind)},
+    )
 
 
-def _model_issue_id(entry: ConfigEntry) -> str:
+def _model_issue_id(entry: RtVoiceConfigEntry) -> str:
     return f"{ISSUE_MODEL_NOT_FOUND}_{entry.entry_id}"
 
 
 async def _async_create_openai_brain(
-    hass: HomeAssistant, entry: ConfigEntry, prompts: PromptRegistry
+    hass: HomeAssistant, entry: RtVoiceConfigEntry, prompts: PromptRegistry
 ) -> Brain:
     model = entry.data.get(CONF_MODEL, DEFAULT_MODEL)
     provider = OpenAIChatProvider(
@@ -220,7 +226,11 @@ async def _async_create_openai_brain(
     try:
         await provider.validate()
     except ProviderAuthError as err:
-        raise ConfigEntryAuthFailed(str(err)) from err
+        raise ConfigEntryAuthFailed(
+            translation_domain=DOMAIN,
+            translation_key="auth_failed",
+            translation_placeholders={"error": str(err)},
+        ) from err
     except ProviderModelNotFoundError as err:
         ir.async_create_issue(
             hass,
@@ -232,9 +242,17 @@ async def _async_create_openai_brain(
             translation_key=ISSUE_MODEL_NOT_FOUND,
             translation_placeholders={"model": model, "name": entry.title},
         )
-        raise ConfigEntryNotReady(str(err)) from err
+        raise ConfigEntryNotReady(
+            translation_domain=DOMAIN,
+            translation_key="model_not_found",
+            translation_placeholders={"model": str(model), "error": str(err)},
+        ) from err
     except ProviderError as err:  # connection errors, 5xx, rate limits …
-        raise ConfigEntryNotReady(str(err)) from err
+        raise ConfigEntryNotReady(
+            translation_domain=DOMAIN,
+            translation_key="cannot_connect",
+            translation_placeholders={"error": str(err)},
+        ) from err
     ir.async_delete_issue(hass, DOMAIN, _model_issue_id(entry))
 
     api_id = entry.options.get(CONF_LLM_HASS_API, DEFAULT_LLM_HASS_API)
@@ -246,10 +264,14 @@ async def _async_create_openai_brain(
     return Brain(BRAIN_OPENAI, provider, tools, _Turns(hass))
 
 
-def _create_ha_agent_brain(hass: HomeAssistant, entry: ConfigEntry) -> Brain:
+def _create_ha_agent_brain(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> Brain:
     agent_id = entry.data.get(CONF_AGENT_ID) or DEFAULT_AGENT_ID
     if not _agent_exists(hass, agent_id):
-        raise ConfigEntryNotReady(f"Conversation agent {agent_id} is not available")
+        raise ConfigEntryNotReady(
+            translation_domain=DOMAIN,
+            translation_key="agent_not_available",
+            translation_placeholders={"agent_id": str(agent_id)},
+        )
     turns = _Turns(hass)
     builtin = agent_id in BUILTIN_AGENT_IDS
     tools = HaAgentToolRunner(hass, agent_id, turns) if builtin else None

@@ -16,18 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 import logging
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
 from yarl import URL
 
 from homeassistant.components import conversation
-from homeassistant.config_entries import (
-    ConfigEntry,
-    ConfigFlow,
-    ConfigFlowResult,
-    OptionsFlow,
-)
+from homeassistant.config_entries import ConfigFlow, ConfigFlowResult, OptionsFlow
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.data_entry_flow import AbortFlow
 from homeassistant.helpers import entity_registry as er, llm
@@ -96,6 +91,9 @@ from .kernel.openai_provider import (
     ProviderModelNotFoundError,
 )
 
+if TYPE_CHECKING:
+    from .runtime import RtVoiceConfigEntry
+
 _LOGGER = logging.getLogger(__name__)
 
 _NAME_SELECTOR = TextSelector()
@@ -146,7 +144,7 @@ def ha_agent_unique_id(agent_id: str) -> str:
     return f"{BRAIN_HA_AGENT}:{agent_id}"
 
 
-def _brain(entry: ConfigEntry) -> str:
+def _brain(entry: RtVoiceConfigEntry) -> str:
     """Return the brain of an entry (without the key: openai, the first brain)."""
     return str(entry.data.get(CONF_BRAIN, BRAIN_OPENAI))
 
@@ -229,7 +227,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
 
     @staticmethod
     @callback
-    def async_get_options_flow(config_entry: ConfigEntry) -> OptionsFlow:
+    def async_get_options_flow(config_entry: RtVoiceConfigEntry) -> OptionsFlow:
         """Options of an entry (HA sets ``config_entry`` on the flow itself)."""
         return RealtimeVoiceOptionsFlow()
 
@@ -237,7 +235,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
 
     @callback
     def _abort_if_taken_by_other_entry(
-        self, entry: ConfigEntry, unique_id: str
+        self, entry: RtVoiceConfigEntry, unique_id: str
     ) -> None:
         """Abort when another entry already owns ``unique_id`` (reconfigure)."""
         other = self.hass.config_entries.async_entry_for_domain_unique_id(

@@ -12,21 +12,15 @@ from typing import Literal
 from homeassistant.components import conversation
 from homeassistant.const import MATCH_ALL
 from homeassistant.core import HomeAssistant
-from homeassistant.helpers import chat_session, device_registry as dr
+from homeassistant.helpers import chat_session
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from .const import (
-    BRAIN_HA_AGENT,
-    CONF_AGENT_ID,
-    CONF_BRAIN,
-    CONF_MODEL,
-    DEFAULT_AGENT_ID,
-    DEFAULT_MODEL,
-    DOMAIN,
-)
+from .entity import RtVoiceEntity
 from .runtime import RtVoiceConfigEntry
 
-MANUFACTURER = "Realtime Voice"
+# Turns are independent calls into the entry's sessions, which serialise what needs
+# it themselves; Home Assistant need not serialise anything.
+PARALLEL_UPDATES = 0
 
 # Whether the base entity opens the chat session and chat log itself and hands them
 # to ``_async_handle_message`` (2025.4 and later); if not, this entity does it.
@@ -42,32 +36,20 @@ async def async_setup_entry(
     async_add_entities([RtVoiceConversationEntity(entry)])
 
 
-def _model(entry: RtVoiceConfigEntry) -> str:
-    """Return the model that answers, or the agent the answers are delegated to."""
-    if entry.data.get(CONF_BRAIN) == BRAIN_HA_AGENT:
-        return str(entry.data.get(CONF_AGENT_ID) or DEFAULT_AGENT_ID)
-    return str(entry.data.get(CONF_MODEL) or DEFAULT_MODEL)
-
-
 class RtVoiceConversationEntity(
-    conversation.ConversationEntity, conversation.AbstractConversationAgent
+    RtVoiceEntity,
+    conversation.ConversationEntity,
+    conversation.AbstractConversationAgent,
 ):
-    """Realtime Voice as a conversation agent."""
+    """Realtime Voice as a conversation agent (named like its device)."""
 
-    _attr_has_entity_name = True
     _attr_name = None
 
     def __init__(self, entry: RtVoiceConfigEntry) -> None:
         """Create the entity of an entry."""
+        super().__init__(entry)
         self.entry = entry
         self._attr_unique_id = entry.entry_id
-        self._attr_device_info = dr.DeviceInfo(
-            identifiers={(DOMAIN, entry.entry_id)},
-            name=entry.title,
-            manufacturer=MANUFACTURER,
-            model=_model(entry),
-            entry_type=dr.DeviceEntryType.SERVICE,
-        )
         if entry.runtime_data.tools is not None:
             self._attr_supported_features = (
                 conversation.ConversationEntityFeature.CONTROL

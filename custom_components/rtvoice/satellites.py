@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from homeassistant.components.assist_pipeline.const import OPTION_PREFERRED
 from homeassistant.components.assist_pipeline.pipeline import (
@@ -36,7 +36,6 @@ from homeassistant.components.assist_pipeline.pipeline import (
 )
 from homeassistant.components.assist_satellite import AssistSatelliteEntityFeature
 from homeassistant.components.homeassistant import exposed_entities
-from homeassistant.config_entries import ConfigEntry
 from homeassistant.const import ATTR_FRIENDLY_NAME, ATTR_SUPPORTED_FEATURES
 from homeassistant.core import (
     CALLBACK_TYPE,
@@ -61,6 +60,9 @@ from homeassistant.helpers.event import (
 )
 
 from .kernel import ChannelDef, ChannelRegistry, PromptRegistry, PromptSection
+
+if TYPE_CHECKING:
+    from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -159,7 +161,7 @@ class SatelliteDirectory:
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: ConfigEntry,
+        entry: RtVoiceConfigEntry,
         channels: ChannelRegistry,
         prompts: PromptRegistry,
         *,

@@ -38,12 +38,12 @@ from homeassistant.components.sensor import (
 )
 from homeassistant.const import EntityCategory
 from homeassistant.core import CALLBACK_TYPE, HomeAssistant, callback
-from homeassistant.helpers import device_registry as dr, entity_registry as er
+from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .const import DOMAIN, SIGNAL_SESSION_UPDATE
-from .conversation import MANUFACTURER
+from .entity import RtVoiceEntity
 from .runtime import RtVoiceConfigEntry
 from .satellites import SatelliteDirectory
 from .sessions import STATE_CLOSED, SessionSnapshot
@@ -111,16 +111,6 @@ SENSOR_KEYS: Final = (STATE_DESCRIPTION.key, *(c.key for c in COUNTERS))
 def unique_id(entry_id: str, satellite: str, key: str) -> str:
     """Return the unique id of a satellite's sensor."""
     return f"{entry_id}-{satellite}-{key}"
-
-
-def service_device_info(entry: RtVoiceConfigEntry) -> dr.DeviceInfo:
-    """Describe the entry's service device (the conversation entity adds its model)."""
-    return dr.DeviceInfo(
-        identifiers={(DOMAIN, entry.entry_id)},
-        name=entry.title,
-        manufacturer=MANUFACTURER,
-        entry_type=dr.DeviceEntryType.SERVICE,
-    )
 
 
 @dataclass
@@ -266,11 +256,8 @@ def _remove_stale(
             ent_reg.async_remove(registered.entity_id)
 
 
-class RtVoiceSatelliteSensor(SensorEntity):
+class RtVoiceSatelliteSensor(RtVoiceEntity, SensorEntity):
     """A sensor of one satellite, on the entry's service device."""
-
-    _attr_has_entity_name = True
-    _attr_should_poll = False
 
     def __init__(
         self,
@@ -280,13 +267,13 @@ class RtVoiceSatelliteSensor(SensorEntity):
         description: SensorEntityDescription,
     ) -> None:
         """Create the sensor ``description`` of a satellite."""
+        super().__init__(entry)
         self.entity_description = description
         self._activity = activity
         self._attr_unique_id = unique_id(
             entry.entry_id, activity.satellite, description.key
         )
         self._attr_translation_placeholders = {"satellite": satellite_name}
-        self._attr_device_info = service_device_info(entry)
 
     async def async_added_to_hass(self) -> None:
         """Write the state on every update of the satellite's conversations."""

@@ -20,6 +20,10 @@ the turn comes from, else by the device, else by the conversation id (DESIGN §5
 - Every session has exactly one idle timer, reset on every turn; when it expires the
   session closes (hand-off). Nothing runs while nobody talks.
 
+The brain's availability is logged once per change: one warning when a round fails
+after a working one (error type and short message), one info when a round completes
+again; failures in between are logged at debug level.
+
 Answers of rounds started by the control plane (``send``) are spoken on the
 satellite with ``assist_satellite.announce`` when the satellite supports announcements;
 otherwise they are only kept in the transcript.
@@ -35,7 +39,7 @@ from datetime import datetime
 from functools import partial
 import json
 import logging
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from homeassistant.components.conversation import (
     AssistantContent,
@@ -56,6 +60,8 @@ from homeassistant.util.ulid import ulid_now
 from . import compat
 from .brain import Brain, TurnContext
 from .const import (
+    BRAIN_HA_AGENT,
+    CONF_API_KEY,
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
     CONF_IDLE_TIMEOUT,
@@ -84,11 +90,15 @@ from .kernel import (
 )
 from .satellites import SatelliteDirectory, channel_names
 
+if TYPE_CHECKING:
+    from .runtime import RtVoiceConfigEntry
+
 _LOGGER = logging.getLogger(__name__)
 
 APOLOGY: Final = "Sorry, I couldn't reach the language model."
 STATE_CLOSED: Final = "closed"
 FEATURE_ANNOUNCE: Final = "announce"
+_MAX_LOGGED_ERROR: Final = 200  # characters of an error message in the log
 _RT: Final = ChannelDef(realtime=True)
 
 
@@ -239,7 +249,7 @@ class SessionManager:
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: Any,
+        entry: RtVoiceConfigEntry,
         brain: Brain,
         channels: ChannelRegistry,
         prompts: PromptRegistry,
@@ -287,6 +297,8 @@ class SessionManager:
             EVENT_HOMEASSISTANT_STOP, self._on_hass_stop
         )
         self._shut_down = False
+        # The last round that ended failed: the outage has been logged once.
+        self._brain_unavailable = False
 
     # ── wiring ────────────────────────────────────────────────────────────
 
@@ -716,6 +728,7 @@ class SessionManager:
             )
             text = f"{carried} {text}"
         ticket = self.kernel.push(session.id, text)
+        ticket.outcome.add_done_callback(self._round_ended)
         session.last_input = _Input(text=text, ticket=ticket)
         self._arm_idle(session)
         self._send_update(session)
@@ -744,6 +757,47 @@ class SessionManager:
         ):
             return previous.text
         return None
+
+    # ── availability of the brain ─────────────────────────────────────────
+
+    @callback
+    def _round_ended(self, future: asyncio.Future[Outcome]) -> None:
+        """Log once when the brain becomes unavailable and once when it is back.
+
+        A failed round after a working one is the start of an outage (a warning);
+        further failures are debug only; a completed round ends the outage (an info).
+        Cut rounds (interrupted, superseded) say nothing either way. The message
+        is the provider's short error text (never the API key, never the user's
+        words).
+        """
+        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
+            return
+        outcome = future.result()
+        if outcome.status == "failed":
+            error = self._loggable_error(outcome)
+            if self._brain_unavailable:
+                _LOGGER.debug("%s is still unavailable: %s", self._brain_name, error)
+                return
+            self._brain_unavailable = True
+            _LOGGER.warning("%s is unavailable: %s", self._brain_name, error)
+        elif outcome.status == "completed" and self._brain_unavailable:
+            self._brain_unavailable = False
+            _LOGGER.info("%s is back", self._brain_name)
+
+    @property
+    def _brain_name(self) -> str:
+        if self._brain.kind == BRAIN_HA_AGENT:
+            return f"The conversation agent of {self._entry.title}"
+        return f"The language model of {self._entry.title}"
+
+    def _loggable_error(self, outcome: Outcome) -> str:
+        """Error type and message, shortened, with the API key masked."""
+        message = outcome.error or "no details"
+        if api_key := self._entry.data.get(CONF_API_KEY):
+            message = message.replace(api_key, "***")
+        if len(message) > _MAX_LOGGED_ERROR:
+            message = message[: _MAX_LOGGED_ERROR - 1] + "…"
+        return f"{outcome.error_type or 'Error'}: {message}"
 
     # ── output ────────────────────────────────────────────────────────────
 

@@ -263,8 +263,12 @@ async def test_openai_auth_failure(
     entry = openai_entry(hass, openai_peer, api_key="sk-wrong-key-5555")
     with pytest.raises(ConfigEntryAuthFailed) as caught:
         await async_create_brain(hass, entry, PromptRegistry())
-    assert "401" in str(caught.value)
-    assert "sk-wrong-key-5555" not in str(caught.value)
+    assert caught.value.translation_domain == DOMAIN
+    assert caught.value.translation_key == "auth_failed"
+    assert caught.value.translation_placeholders is not None
+    error = caught.value.translation_placeholders["error"]
+    assert "401" in error
+    assert "sk-wrong-key-5555" not in error
 
 
 async def test_openai_model_not_found_raises_a_repair_issue(
@@ -275,8 +279,13 @@ async def test_openai_model_not_found_raises_a_repair_issue(
     issue_id = f"{ISSUE_MODEL_NOT_FOUND}_{entry.entry_id}"
     issues = ir.async_get(hass)
 
-    with pytest.raises(ConfigEntryNotReady, match="llama-missing"):
+    with pytest.raises(ConfigEntryNotReady) as caught:
         await async_create_brain(hass, entry, PromptRegistry())
+    assert caught.value.translation_domain == DOMAIN
+    assert caught.value.translation_key == "model_not_found"
+    assert caught.value.translation_placeholders is not None
+    assert caught.value.translation_placeholders["model"] == "llama-missing"
+    assert "404" in caught.value.translation_placeholders["error"]
 
     issue = issues.async_get_issue(DOMAIN, issue_id)
     assert issue is not None
@@ -300,8 +309,11 @@ async def test_openai_unreachable_is_not_ready(
     """A server that is down: ConfigEntryNotReady (HA retries), no issue."""
     entry = openai_entry(hass, openai_peer)
     await openai_peer.stop()  # the port is closed now: connection refused
-    with pytest.raises(ConfigEntryNotReady, match="cannot connect"):
+    with pytest.raises(ConfigEntryNotReady) as caught:
         await async_create_brain(hass, entry, PromptRegistry())
+    assert caught.value.translation_key == "cannot_connect"
+    assert caught.value.translation_placeholders is not None
+    assert "cannot connect" in caught.value.translation_placeholders["error"]
     assert not ir.async_get(hass).issues
 
 
@@ -312,15 +324,21 @@ async def test_openai_other_refusal_is_not_ready(
     async with OpenAIPeer(models=[PEER_MODEL], serve_models=False) as peer:
         peer.enqueue(Fail(429, "slow down"))
         entry = openai_entry(hass, peer)
-        with pytest.raises(ConfigEntryNotReady, match="429"):
+        with pytest.raises(ConfigEntryNotReady) as caught:
             await async_create_brain(hass, entry, PromptRegistry())
+        assert caught.value.translation_key == "cannot_connect"
+        assert caught.value.translation_placeholders is not None
+        assert "429" in caught.value.translation_placeholders["error"]
 
 
 async def test_unknown_brain_is_a_config_error(hass: HomeAssistant) -> None:
     """An entry naming an unknown brain cannot be set up (no retry)."""
     entry = MockConfigEntry(domain=DOMAIN, data={CONF_BRAIN: "telepathy"})
-    with pytest.raises(ConfigEntryError, match="telepathy"):
+    with pytest.raises(ConfigEntryError) as caught:
         await async_create_brain(hass, entry, PromptRegistry())
+    assert caught.value.translation_domain == DOMAIN
+    assert caught.value.translation_key == "unknown_brain"
+    assert caught.value.translation_placeholders == {"brain": "telepathy"}
 
 
 # ── ha_agent brain: the built-in agent, one critical section per round ─────────
@@ -639,10 +657,13 @@ async def test_llm_agent_errors(
 async def test_missing_agent_is_not_ready(hass: HomeAssistant) -> None:
     """An agent that is not loaded (yet): ConfigEntryNotReady."""
     assert await async_setup_component(hass, "conversation", {})
-    with pytest.raises(ConfigEntryNotReady, match="conversation.nobody"):
+    with pytest.raises(ConfigEntryNotReady) as caught:
         await async_create_brain(
             hass, agent_entry(hass, "conversation.nobody"), PromptRegistry()
         )
+    assert caught.value.translation_domain == DOMAIN
+    assert caught.value.translation_key == "agent_not_available"
+    assert caught.value.translation_placeholders == {"agent_id": "conversation.nobody"}
     with pytest.raises(ConfigEntryNotReady):
         await async_create_brain(
             hass, agent_entry(hass, "01NOSUCHENTRY"), PromptRegistry()

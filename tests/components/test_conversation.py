@@ -21,7 +21,7 @@ from custom_components.rtvoice.const import (
     CONF_PROMPT,
     DOMAIN,
 )
-from custom_components.rtvoice.conversation import MANUFACTURER
+from custom_components.rtvoice.entity import MANUFACTURER
 from custom_components.rtvoice.kernel import DEFAULT_SYSTEM_PROMPT
 from custom_components.rtvoice.sessions import APOLOGY
 from homeassistant.components import conversation

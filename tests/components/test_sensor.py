@@ -25,6 +25,7 @@ from custom_components.rtvoice.const import (
     DOMAIN,
     SIGNAL_SESSION_UPDATE,
 )
+from custom_components.rtvoice.entity import MANUFACTURER
 from custom_components.rtvoice.sensor import STATE_OPTIONS, unique_id
 from custom_components.rtvoice.sessions import SessionSnapshot
 from homeassistant.components.sensor import (
@@ -163,6 +164,8 @@ async def test_sensors_of_every_satellite(
     service_device = dev_reg.async_get_device(identifiers={(DOMAIN, entry.entry_id)})
     assert service_device is not None
     assert service_device.entry_type is dr.DeviceEntryType.SERVICE
+    assert service_device.manufacturer == MANUFACTURER
+    assert service_device.name == entry.title
 
     state = hass.states.get(HALL_STATE)
     assert state is not None

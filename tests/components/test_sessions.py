@@ -10,15 +10,20 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 import json
+import logging
 from pathlib import Path
 
 import pytest
 from pytest_homeassistant_custom_component.common import (
+    MockConfigEntry,
     async_fire_time_changed,
     get_scheduled_timer_handles,
 )
 
 from custom_components.rtvoice.const import (
+    BRAIN_HA_AGENT,
+    CONF_AGENT_ID,
+    CONF_BRAIN,
     CONF_CARRY_OVER,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
@@ -44,6 +49,7 @@ from homeassistant.core import Context, HomeAssistant, callback
 from homeassistant.helpers import entity_registry as er, intent
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.util import dt as dt_util
+from tests.components.conftest import PEER_API_KEY
 from tests.components.pipeline.helpers import (
     AGENT,
     BED_LIGHT,
@@ -58,7 +64,7 @@ from tests.components.pipeline.helpers import (
     tool_named,
     wait,
 )
-from tests.peers.openai_server import Hang, OpenAIPeer, Text, ToolCall, WaitFor
+from tests.peers.openai_server import Fail, Hang, OpenAIPeer, Text, ToolCall, WaitFor
 
 IDLE = 60
 
@@ -773,3 +779,143 @@ async def test_home_assistant_stop_closes_conversations(
     (closed,) = await home.wait_closed(1)
     assert closed["id"] == result.conversation_id
     assert _rtvoice_tasks() == []
+
+
+# ── availability of the brain in the log ─────────────────────────────────
+
+
+def rtvoice_records(
+    caplog: pytest.LogCaptureFixture, level: int
+) -> list[logging.LogRecord]:
+    """Return the integration's records (kernel included) at exactly ``level``."""
+    return [
+        r
+        for r in caplog.records
+        if r.name.startswith("custom_components.rtvoice") and r.levelno == level
+    ]
+
+
+async def test_unavailable_model_is_logged_once_and_when_back(
+    home: Home, openai_peer: OpenAIPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One warning when the endpoint fails, one info when it answers again.
+
+    Failures in between are debug only; the log names the error type and the
+    server's short message, never the user's words or the API key.
+    """
+    caplog.set_level(logging.DEBUG, logger="custom_components.rtvoice")
+    await async_setup_rtvoice(home, openai_peer)
+    device_id = home.device_of(SATELLITE)
+    openai_peer.enqueue(Fail(500, "upstream exploded"))
+    openai_peer.enqueue(Fail(503, f"still down for {PEER_API_KEY}"))
+
+    first = await converse(home, "unlock the secret door", device_id=device_id)
+    second = await converse(
+        home, "the secret door please", first.conversation_id, device_id
+    )
+
+    assert first.response.error_code is intent.IntentResponseErrorCode.UNKNOWN
+    assert second.response.error_code is intent.IntentResponseErrorCode.UNKNOWN
+    (warning,) = rtvoice_records(caplog, logging.WARNING)
+    assert warning.getMessage() == (
+        "The language model of Realtime Voice is unavailable: "
+        "ProviderConnectionError: the model server failed (HTTP 500): "
+        "upstream exploded"
+    )
+    still = [
+        r.getMessage()
+        for r in rtvoice_records(caplog, logging.DEBUG)
+        if "still unavailable" in r.getMessage()
+    ]
+    assert still == [
+        (
+            "The language model of Realtime Voice is still unavailable: "
+            "ProviderConnectionError: the model server failed (HTTP 503): "
+            "still down for ***"
+        )
+    ]
+    assert not rtvoice_records(caplog, logging.INFO)
+
+    openai_peer.enqueue(Text("I am back."))
+    openai_peer.enqueue(Text("Still here."))
+    back = await converse(home, "hello again", first.conversation_id, device_id)
+    assert speech(back) == "I am back."
+    await converse(home, "and again", first.conversation_id, device_id)
+    (info,) = rtvoice_records(caplog, logging.INFO)
+    assert info.getMessage() == "The language model of Realtime Voice is back"
+
+    # A new outage is a new warning; a long message is cut short.
+    openai_peer.enqueue(Fail(502, "x" * 500))
+    await converse(home, "one more", first.conversation_id, device_id)
+    warnings = [r.getMessage() for r in rtvoice_records(caplog, logging.WARNING)]
+    assert len(warnings) == 2
+    assert warnings[1].startswith(
+        "The language model of Realtime Voice is unavailable: "
+        "ProviderConnectionError: the model server failed (HTTP 502): xxx"
+    )
+    assert warnings[1].endswith("…")
+    assert len(warnings[1]) < 300
+    ours = "\n".join(
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("custom_components.rtvoice")
+    )
+    assert "Round of" in ours  # the kernel's debug record is there
+    assert "secret door" not in ours
+    assert PEER_API_KEY not in caplog.text
+
+
+class FailingAgent(conversation.AbstractConversationAgent):
+    """Stand-in for another integration's conversation agent that can break."""
+
+    def __init__(self) -> None:
+        """Answer until ``error`` is set."""
+        self.error: Exception | None = None
+
+    @property
+    def supported_languages(self) -> str:
+        """Any language."""
+        return "*"
+
+    async def async_process(
+        self, user_input: conversation.ConversationInput
+    ) -> conversation.ConversationResult:
+        """Raise ``error``, else answer."""
+        if self.error is not None:
+            raise self.error
+        response = intent.IntentResponse(language=user_input.language)
+        response.async_set_speech("Here I am.")
+        return conversation.ConversationResult(
+            response=response, conversation_id=user_input.conversation_id
+        )
+
+
+async def test_unavailable_agent_is_logged_once_and_when_back(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same for an entry that delegates to another conversation agent."""
+    caplog.set_level(logging.DEBUG, logger="custom_components.rtvoice")
+    hass = home.hass
+    agent = FailingAgent()
+    owner = MockConfigEntry(domain="test_failing_agent")
+    owner.add_to_hass(hass)
+    conversation.async_set_agent(hass, owner, agent)
+    await async_setup_rtvoice(
+        home, None, data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: owner.entry_id}
+    )
+    agent.error = RuntimeError("agent crashed")
+
+    first = await converse(home, "hello")
+    await converse(home, "hello?", first.conversation_id)
+    (warning,) = rtvoice_records(caplog, logging.WARNING)
+    assert warning.getMessage() == (
+        "The conversation agent of Realtime Voice is unavailable: ProviderError: "
+        f"conversation agent {owner.entry_id} failed (RuntimeError: agent crashed)"
+    )
+
+    agent.error = None
+    assert speech(await converse(home, "there?", first.conversation_id)) == (
+        "Here I am."
+    )
+    (info,) = rtvoice_records(caplog, logging.INFO)
+    assert info.getMessage() == "The conversation agent of Realtime Voice is back"

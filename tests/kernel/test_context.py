@@ -257,3 +257,43 @@ def test_estimate_tokens_grows_with_text() -> None:
     assert 0 < short < long
     # plausible scale for English: a few characters per token
     assert 100 <= estimate_tokens("word " * 200) <= 1000
+
+
+# --------------------------------------------------------------------------- edges
+
+
+def test_trim_without_a_window_or_messages_returns_the_input() -> None:
+    """A window of 0 (no limit) or no messages: the very same list comes back."""
+    messages = [sys_(), user("x" * 4000)]
+    assert trim_to_window(messages, 0) is messages
+    empty: list[Message] = []
+    assert trim_to_window(empty, 10) is empty
+
+
+def test_trim_without_a_user_message_may_drop_everything_but_system() -> None:
+    """With no user message nothing is protected except the system message."""
+    messages = [sys_(), asst("a" * 2000), asst("b" * 2000)]
+    assert trim_to_window(messages, 20) == [messages[0]]
+
+
+def test_trim_never_starts_the_kept_part_with_a_tool_result() -> None:
+    """A tool result left at the cut (its call already gone) is dropped with it."""
+    messages = [sys_(), user("old " * 500), tool("gone"), user("now")]
+    assert trim_to_window(messages, 30) == [messages[0], messages[3]]
+
+
+def test_result_of_another_call_is_not_clean() -> None:
+    """A result after an assistant whose calls do not include its id is removed."""
+    messages = [user("u"), asst("", tc("a")), tool("a"), tool("b"), asst("done")]
+    assert drop_unpaired_tool_calls(messages) == [
+        messages[0],
+        messages[1],
+        messages[2],
+        messages[4],
+    ]
+
+
+def test_empty_assistant_without_calls_is_removed() -> None:
+    """An assistant message with neither text nor calls never reaches the model."""
+    messages = [user("u"), asst(""), user("again")]
+    assert drop_unpaired_tool_calls(messages) == [messages[0], messages[2]]

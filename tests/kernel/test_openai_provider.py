@@ -19,6 +19,7 @@ from custom_components.rtvoice.kernel.openai_provider import (
     ProviderConnectionError,
     ProviderError,
     ProviderModelNotFoundError,
+    ToolCallAssembler,
 )
 from custom_components.rtvoice.kernel.types import Delta, Message, ToolCall, ToolSpec
 from tests.peers.openai_server import (
@@ -153,6 +154,33 @@ async def test_bad_tool_arguments_become_call_errors(
     assert bad.error is not None
     assert bad.error.startswith(expected_error)
     assert empty == ToolCall("call_empty", "get_time", {})
+
+
+def test_assembler_edge_fragments() -> None:
+    """Fragments without an index continue the last call; a new id is a new call.
+
+    Some servers send follow-up fragments without an index, or reuse an index for
+    the next call; a call without a function name becomes a call error.
+    """
+    assembler = ToolCallAssembler()
+    assembler.add(index=0, call_id="c1", name="light_on", arguments='{"area": ')
+    assembler.add(index=None, call_id=None, name=None, arguments='"kitchen"}')
+    assembler.add(index=0, call_id="c2", name="media_pause", arguments="{}")
+    assembler.add(index=1, call_id="c3", name=None, arguments="{}")
+    assert assembler.finish() == [
+        ToolCall("c1", "light_on", {"area": "kitchen"}),
+        ToolCall("c2", "media_pause", {}),
+        ToolCall("c3", "", {}, error="tool call without a function name"),
+    ]
+
+
+async def test_provider_names_its_model() -> None:
+    """The model property is the configured model id."""
+    provider = OpenAIChatProvider(
+        base_url="http://127.0.0.1:9/v1", api_key=None, model="llama3.2"
+    )
+    assert provider.model == "llama3.2"
+    await provider.close()
 
 
 async def test_messages_and_tools_are_sent_in_openai_shape(

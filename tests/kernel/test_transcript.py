@@ -12,6 +12,7 @@ from custom_components.rtvoice.kernel import (
     ToolCall,
     format_transcript,
 )
+from custom_components.rtvoice.kernel.transcript import transcript_page
 from tests.kernel.fakes import (
     Rig,
     ScriptedProvider,
@@ -223,3 +224,19 @@ async def test_transcript_stays_retrievable_after_close() -> None:
         after.clear()
         again = rig.kernel.transcript("c1")
         assert again is not None and len(again) == 4
+
+
+def test_page_edges() -> None:
+    """Raw pages mark cut answers; a limit <= 0 means 40; bad arguments raise."""
+    messages = [Message("user", f"u{i}") for i in range(45)]
+    messages.append(Message("assistant", "Hel", interrupted=True))
+    raw = json.loads(transcript_page("c1", messages, offset=44, fmt="raw"))
+    assert raw["messages"] == [
+        {"role": "user", "content": "u44"},
+        {"role": "assistant", "content": "Hel", "interrupted": True},
+    ]
+    assert len(_lines(transcript_page("c1", messages, limit=0))) == 40
+    with pytest.raises(KernelError, match="offset must be >= 0"):
+        transcript_page("c1", messages, offset=-1)
+    with pytest.raises(KernelError, match="unknown transcript format 'xml'"):
+        transcript_page("c1", messages, fmt="xml")  # type: ignore[arg-type]

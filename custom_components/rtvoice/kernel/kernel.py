@@ -738,11 +738,15 @@ class Kernel:
             child.commit(Message("user", rnd.text))
         self._commit_partial(child, rnd)
         child.failed_rounds += 1
-        message = str(err) or type(err).__name__
-        _LOGGER.warning(
-            "Round of %s failed: %s: %s", child.options.id, type(err).__name__, message
+        error_type = type(err).__name__
+        message = str(err) or error_type
+        # Debug only: the adapter owns user-facing logging (e.g. once per outage).
+        _LOGGER.debug(
+            "Round of %s failed: %s: %s", child.options.id, error_type, message
         )
-        _settle(rnd.future, Outcome("failed", "".join(rnd.emitted), message))
+        _settle(
+            rnd.future, Outcome("failed", "".join(rnd.emitted), message, error_type)
+        )
 
     def _set_state(self, child: _Child, state: ChildState) -> None:
         if child.state is state:

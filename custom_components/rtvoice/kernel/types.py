@@ -84,8 +84,13 @@ OutcomeStatus = Literal["completed", "interrupted", "superseded", "failed"]
 
 @dataclass
 class Outcome:
-    """How the round for one pushed input ended."""
+    """How the round for one pushed input ended.
+
+    A failed round carries the error's message and the name of its type
+    (``error_type``, e.g. ``ProviderConnectionError``).
+    """
 
     status: OutcomeStatus
     text: str = ""
     error: str | None = None
+    error_type: str | None = None

@@ -1,0 +1,135 @@
+"""Entry setup through Home Assistant: errors come with translated messages.
+
+HA keeps the message of a failed setup as ``entry.reason`` (shown on the entry's
+card) together with its translation key; the message is rendered from
+translations/en.json. Real peers: the loopback OpenAI server, HA's real
+conversation component.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.rtvoice.const import (
+    BRAIN_HA_AGENT,
+    BRAIN_OPENAI,
+    CONF_AGENT_ID,
+    CONF_API_KEY,
+    CONF_BASE_URL,
+    CONF_BRAIN,
+    CONF_MODEL,
+    DEFAULT_OPTIONS_OPENAI,
+    DOMAIN,
+)
+from homeassistant.config_entries import SOURCE_REAUTH, ConfigEntryState
+from homeassistant.core import HomeAssistant
+from homeassistant.setup import async_setup_component
+from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.peers.openai_server import OpenAIPeer
+
+
+async def async_set_up(hass: HomeAssistant, data: dict[str, Any]) -> MockConfigEntry:
+    """Add an entry and let HA set it up (the setup is expected to fail)."""
+    entry = MockConfigEntry(
+        domain=DOMAIN, title="Realtime Voice", data=data, options=DEFAULT_OPTIONS_OPENAI
+    )
+    entry.add_to_hass(hass)
+    assert not await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    return entry
+
+
+def openai_data(peer: OpenAIPeer, **data: Any) -> dict[str, Any]:
+    """Entry data of an endpoint brain on the peer."""
+    return {
+        CONF_BRAIN: BRAIN_OPENAI,
+        CONF_BASE_URL: peer.base_url,
+        CONF_API_KEY: PEER_API_KEY,
+        CONF_MODEL: PEER_MODEL,
+        **data,
+    }
+
+
+async def test_unreachable_endpoint_retries_with_a_translated_reason(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """A server that is down: the entry retries; its reason reads as en.json says."""
+    data = openai_data(openai_peer)
+    await openai_peer.stop()  # the port is closed now: connection refused
+    entry = await async_set_up(hass, data)
+
+    assert entry.state is ConfigEntryState.SETUP_RETRY
+    assert entry.error_reason_translation_key == "cannot_connect"
+    assert entry.reason == (
+        "The model server cannot be used right now: "
+        "cannot connect to the model server (ConnectError)"
+    )
+
+
+async def test_unknown_model_retries_with_a_translated_reason(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """A model the server does not have: retry, the reason names the model."""
+    entry = await async_set_up(hass, openai_data(openai_peer, model="llama-missing"))
+
+    assert entry.state is ConfigEntryState.SETUP_RETRY
+    assert entry.error_reason_translation_key == "model_not_found"
+    assert entry.error_reason_translation_placeholders is not None
+    assert entry.error_reason_translation_placeholders["model"] == "llama-missing"
+    assert entry.reason is not None
+    assert entry.reason.startswith(
+        "The model server does not know the model llama-missing: "
+        "model 'llama-missing' not found (HTTP 404)"
+    )
+
+
+async def test_rejected_key_asks_for_reauth_with_a_translated_reason(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """A wrong key: setup error, a reauth flow, a translated reason without the key."""
+    wrong_key = "sk-wrong-key-7777"
+    entry = await async_set_up(hass, openai_data(openai_peer, api_key=wrong_key))
+
+    assert entry.state is ConfigEntryState.SETUP_ERROR
+    assert entry.error_reason_translation_key == "auth_failed"
+    assert entry.reason is not None
+    assert entry.reason.startswith(
+        "The model server rejected the API key: "
+        "the model server rejected the API key (HTTP 401)"
+    )
+    assert wrong_key not in entry.reason
+    (flow,) = hass.config_entries.flow.async_progress_by_handler(DOMAIN)
+    assert flow["context"]["source"] == SOURCE_REAUTH
+    assert flow["context"]["entry_id"] == entry.entry_id
+
+
+async def test_missing_agent_retries_with_a_translated_reason(
+    hass: HomeAssistant,
+) -> None:
+    """An agent that is not loaded (yet): the entry retries and says which agent."""
+    assert await async_setup_component(hass, "conversation", {})
+    entry = await async_set_up(
+        hass, {CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: "conversation.nobody"}
+    )
+
+    assert entry.state is ConfigEntryState.SETUP_RETRY
+    assert entry.error_reason_translation_key == "agent_not_available"
+    assert entry.reason == "The conversation agent conversation.nobody is not available"
+
+
+async def test_unknown_brain_fails_with_a_translated_reason(
+    hass: HomeAssistant, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An entry naming an unknown brain cannot be set up; the log says why."""
+    entry = await async_set_up(hass, {CONF_BRAIN: "telepathy"})
+
+    assert entry.state is ConfigEntryState.SETUP_ERROR
+    assert entry.error_reason_translation_key == "unknown_brain"
+    assert entry.reason == (
+        "This entry names an unknown brain: telepathy. "
+        "Delete the entry and add it again"
+    )
+    assert entry.reason in caplog.text
