@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+import gc
 import logging
 
 import pytest
@@ -11,8 +13,10 @@ from custom_components.rtvoice.kernel import (
     ChannelDef,
     ChannelRegistry,
     ChildOptions,
+    Delta,
     Kernel,
     KernelError,
+    Message,
     ToolSpec,
 )
 from tests.kernel.fakes import (
@@ -230,3 +234,43 @@ async def test_interrupt_before_the_model_call_keeps_the_input() -> None:
     assert [(m.role, m.content) for m in transcript] == [("user", "one")]
     assert kernel.interrupt("c1") is False  # nothing running now
     await kernel.stop_all()
+
+
+async def test_barge_ins_leave_no_cyclic_garbage() -> None:
+    """Interrupted rounds are freed by refcounting, not left to the cyclic GC.
+
+    A cancelled task keeps its traceback, whose frames hold the round; if the round
+    kept its task too, every barge-in would leave a cycle whose collection pauses the
+    loop (that showed up as cancel latency in scripts/bench).
+    """
+    first_delta = asyncio.Event()
+
+    class Endless:
+        async def stream(
+            self, messages: list[Message], tools: list[ToolSpec]
+        ) -> AsyncIterator[Delta]:
+            while True:
+                yield Delta("x")
+                first_delta.set()
+                await asyncio.sleep(0)
+
+    channels = ChannelRegistry()
+    pair(channels, "c", OutputRecorder())
+    kernel = Kernel(Endless(), channels)
+    await kernel.spawn(ChildOptions("c", "c-in", "c-out"))
+    gc.collect()
+    gc.disable()
+    try:
+        for index in range(20):
+            first_delta.clear()
+            kernel.push("c", f"input {index}")
+            await first_delta.wait()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        leaked = [o for o in gc.garbage if type(o).__name__ == "_Round"]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+        await kernel.stop_all()
+    assert leaked == []
