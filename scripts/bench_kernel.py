@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+import gc
 import os
 from pathlib import Path
 import platform
