@@ -477,6 +477,21 @@ def _llm_api_choices(hass: HomeAssistant) -> list[SelectOptionDict]:
     ]
 
 
+def _number(
+    minimum: float,
+    maximum: float,
+    *,
+    step: float = 1,
+    mode: NumberSelectorMode = NumberSelectorMode.BOX,
+    unit: str | None = None,
+) -> NumberSelector:
+    """Return a number selector for an option."""
+    config = NumberSelectorConfig(min=minimum, max=maximum, step=step, mode=mode)
+    if unit is not None:
+        config["unit_of_measurement"] = unit
+    return NumberSelector(config)
+
+
 def _options_schema(apis: list[SelectOptionDict] | None) -> vol.Schema:
     """Options schema; the model options only when ``apis`` (openai brain) is given."""
     schema: dict[vol.Marker, Any] = {vol.Optional(CONF_PROMPT): TemplateSelector()}
@@ -487,46 +502,16 @@ def _options_schema(apis: list[SelectOptionDict] | None) -> vol.Schema:
             )
         )
         schema[vol.Required(CONF_CONTEXT_WINDOW, default=DEFAULT_CONTEXT_WINDOW)] = (
-            NumberSelector(
-                NumberSelectorConfig(
-                    min=MIN_CONTEXT_WINDOW,
-                    max=MAX_CONTEXT_WINDOW,
-                    step=1,
-                    mode=NumberSelectorMode.BOX,
-                    unit_of_measurement="tokens",
-                )
-            )
+            _number(MIN_CONTEXT_WINDOW, MAX_CONTEXT_WINDOW, unit="tokens")
         )
         schema[vol.Required(CONF_MAX_TOOL_TURNS, default=DEFAULT_MAX_TOOL_TURNS)] = (
-            NumberSelector(
-                NumberSelectorConfig(
-                    min=MIN_MAX_TOOL_TURNS,
-                    max=MAX_MAX_TOOL_TURNS,
-                    step=1,
-                    mode=NumberSelectorMode.BOX,
-                )
-            )
+            _number(MIN_MAX_TOOL_TURNS, MAX_MAX_TOOL_TURNS)
         )
-        schema[vol.Required(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE)] = (
-            NumberSelector(
-                NumberSelectorConfig(
-                    min=MIN_TEMPERATURE,
-                    max=MAX_TEMPERATURE,
-                    step=0.05,
-                    mode=NumberSelectorMode.SLIDER,
-                )
-            )
+        schema[vol.Required(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE)] = _number(
+            MIN_TEMPERATURE, MAX_TEMPERATURE, step=0.05, mode=NumberSelectorMode.SLIDER
         )
-    schema[vol.Required(CONF_IDLE_TIMEOUT, default=DEFAULT_IDLE_TIMEOUT)] = (
-        NumberSelector(
-            NumberSelectorConfig(
-                min=MIN_IDLE_TIMEOUT,
-                max=MAX_IDLE_TIMEOUT,
-                step=1,
-                mode=NumberSelectorMode.BOX,
-                unit_of_measurement="s",
-            )
-        )
+    schema[vol.Required(CONF_IDLE_TIMEOUT, default=DEFAULT_IDLE_TIMEOUT)] = _number(
+        MIN_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT, unit="s"
     )
     schema[vol.Required(CONF_CARRY_OVER, default=DEFAULT_CARRY_OVER)] = (
         BooleanSelector()
