@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator
+from pathlib import Path
 from unittest.mock import AsyncMock, patch
 
 import pytest
+from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from homeassistant.core import HomeAssistant
 from homeassistant.setup import async_setup_component
-from tests.peers.openai_server import DEFAULT_MODEL, OpenAIPeer
-
-PEER_API_KEY = "sk-peer-test-key-0123456789"
-PEER_MODEL = DEFAULT_MODEL
+from tests.components.common import PEER_API_KEY, PEER_MODEL
+from tests.components.pipeline.helpers import (
+    Home,
+    async_setup_home,
+    async_setup_rtvoice,
+    async_teardown_home,
+)
+from tests.peers.openai_server import OpenAIPeer
 
 
 @pytest.fixture(autouse=True)
@@ -60,3 +66,20 @@ def mock_setup_entry() -> Generator[AsyncMock]:
         ) as mocked,
     ):
         yield mocked
+
+
+@pytest.fixture
+async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
+    """HA with two satellites (kitchen, hall), the loopback STT and demo lights.
+
+    rtvoice and the demo lights are unloaded at teardown.
+    """
+    home = await async_setup_home(hass, tmp_path)
+    yield home
+    await async_teardown_home(home)
+
+
+@pytest.fixture
+async def entry(home: Home, openai_peer: OpenAIPeer) -> MockConfigEntry:
+    """Realtime Voice loaded against the loopback model."""
+    return await async_setup_rtvoice(home, openai_peer)

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 import json
 from typing import Any
-from unittest.mock import patch
 
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
@@ -34,15 +33,9 @@ from custom_components.rtvoice.brain import (
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
     BRAIN_OPENAI,
-    CONF_AGENT_ID,
-    CONF_API_KEY,
-    CONF_BASE_URL,
     CONF_BRAIN,
     CONF_LLM_HASS_API,
-    CONF_MODEL,
     CONF_TEMPERATURE,
-    DEFAULT_OPTIONS_HA_AGENT,
-    DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
     LLM_API_NONE,
 )
@@ -64,8 +57,6 @@ from custom_components.rtvoice.kernel.openai_provider import (
 )
 from custom_components.rtvoice.tools import API_PROMPT_SECTION, HaToolRunner
 from homeassistant.components import conversation
-from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
-from homeassistant.const import Platform
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import (
     ConfigEntryAuthFailed,
@@ -73,76 +64,20 @@ from homeassistant.exceptions import (
     ConfigEntryNotReady,
     HomeAssistantError,
 )
-from homeassistant.helpers import (
-    area_registry as ar,
-    chat_session,
-    entity_registry as er,
-    intent,
-    issue_registry as ir,
-)
+from homeassistant.helpers import chat_session, intent, issue_registry as ir
 from homeassistant.setup import async_setup_component
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.common import (
+    BED,
+    KITCHEN,
+    PEER_MODEL,
+    SAFETY_TIMEOUT,
+    agent_entry,
+    async_setup_demo_lights,
+    openai_entry,
+)
 from tests.peers.openai_server import Fail, OpenAIPeer, Text, ToolCall as PeerToolCall
 
 CHILD = "01JQ8Z3K9ZP4V0C5W6X7Y8Z9AB"  # a ULID, like real session ids
-SAFETY_TIMEOUT = 10.0  # a safety net against hangs, never a synchronisation
-KITCHEN = "light.kitchen_lights"
-BED = "light.bed_light"
-
-
-async def async_setup_demo_lights(hass: HomeAssistant) -> None:
-    """Assist plus the demo lights; Kitchen Lights in area Kitchen, Bed Light hidden.
-
-    The only mock: the demo integration is limited to its light platform (as HA
-    core's own demo light tests do); otherwise it sets up ~30 other platforms.
-    """
-    assert await async_setup_component(hass, "homeassistant", {})
-    assert await async_setup_component(hass, "intent", {})
-    assert await async_setup_component(hass, "conversation", {})
-    with patch(
-        "homeassistant.components.demo.COMPONENTS_WITH_CONFIG_ENTRY_DEMO_PLATFORM",
-        [Platform.LIGHT],
-    ):
-        assert await async_setup_component(hass, "demo", {})
-        await hass.async_block_till_done()
-    kitchen = ar.async_get(hass).async_create("Kitchen")
-    er.async_get(hass).async_update_entity(KITCHEN, area_id=kitchen.id)
-    async_expose_entity(hass, "conversation", KITCHEN, True)
-    async_expose_entity(hass, "conversation", BED, False)
-
-
-def openai_entry(hass: HomeAssistant, peer: OpenAIPeer, **data: Any) -> MockConfigEntry:
-    """Create an openai-brain entry for the peer; ``options`` overrides options."""
-    options = {**DEFAULT_OPTIONS_OPENAI, **data.pop("options", {})}
-    entry = MockConfigEntry(
-        domain=DOMAIN,
-        title="Realtime Voice",
-        data={
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-            **data,
-        },
-        options=options,
-    )
-    entry.add_to_hass(hass)
-    return entry
-
-
-def agent_entry(hass: HomeAssistant, agent_id: str | None = None) -> MockConfigEntry:
-    """Create an ha_agent-brain entry (no agent id: the built-in agent)."""
-    data: dict[str, Any] = {CONF_BRAIN: BRAIN_HA_AGENT}
-    if agent_id is not None:
-        data[CONF_AGENT_ID] = agent_id
-    entry = MockConfigEntry(
-        domain=DOMAIN,
-        title="Realtime Voice",
-        data=data,
-        options=dict(DEFAULT_OPTIONS_HA_AGENT),
-    )
-    entry.add_to_hass(hass)
-    return entry
 
 
 @dataclass
@@ -197,7 +132,7 @@ async def test_openai_brain_runs_a_round_with_assist_tools(
     hass: HomeAssistant, openai_peer: OpenAIPeer, rigs: list[Rig]
 ) -> None:
     """Validated at creation; the model switches a light through Assist."""
-    await async_setup_demo_lights(hass)
+    await async_setup_demo_lights(hass, kitchen_area="Kitchen")
     entry = openai_entry(hass, openai_peer, options={CONF_TEMPERATURE: 0.3})
     prompts = PromptRegistry()
 
@@ -405,7 +340,7 @@ async def test_builtin_agent_call_is_a_critical_section(
     rigs: list[Rig],
 ) -> None:
     """A push during the built-in agent's call is suppressed; the light switches."""
-    await async_setup_demo_lights(hass)
+    await async_setup_demo_lights(hass, kitchen_area="Kitchen")
     await hass.services.async_call(
         "light", "turn_off", {"entity_id": KITCHEN}, blocking=True
     )
@@ -776,7 +711,7 @@ async def test_agent_tool_runner_hook_failure_is_logged(
     hass: HomeAssistant, caplog: pytest.LogCaptureFixture, rigs: list[Rig]
 ) -> None:
     """A failing hook does not lose the agent's answer."""
-    await async_setup_demo_lights(hass)
+    await async_setup_demo_lights(hass, kitchen_area="Kitchen")
     prompts = PromptRegistry()
     rig = await make_rig(
         await async_create_brain(hass, agent_entry(hass), prompts), prompts

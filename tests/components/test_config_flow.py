@@ -50,9 +50,8 @@ from homeassistant import config_entries
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType, InvalidData
 from homeassistant.helpers import entity_registry as er
+from tests.components.common import PEER_API_KEY, PEER_MODEL
 from tests.peers.openai_server import Fail, OpenAIPeer
-
-from .conftest import PEER_API_KEY, PEER_MODEL
 
 pytestmark = pytest.mark.usefixtures("mock_setup_entry")
 

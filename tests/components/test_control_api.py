@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,17 +10,7 @@ import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
 from custom_components.rtvoice import compat
-from custom_components.rtvoice.const import (
-    BRAIN_OPENAI,
-    CONF_API_KEY,
-    CONF_BASE_URL,
-    CONF_BRAIN,
-    CONF_LLM_HASS_API,
-    CONF_MODEL,
-    DEFAULT_OPTIONS_OPENAI,
-    DOMAIN,
-    LLM_API_NONE,
-)
+from custom_components.rtvoice.const import CONF_LLM_HASS_API, LLM_API_NONE
 from custom_components.rtvoice.control_api import (
     API_NAME,
     TOOL_CHILDREN,
@@ -40,31 +28,15 @@ from homeassistant.helpers import (
     llm,
 )
 from homeassistant.setup import async_setup_component
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.common import PEER_API_KEY, PEER_MODEL, openai_entry
 from tests.components.pipeline.helpers import (
     QUIET_SATELLITE,
     SATELLITE,
     Home,
-    async_setup_home,
-    async_setup_rtvoice,
     async_unload,
     tool_named,
 )
 from tests.peers.openai_server import OpenAIPeer, Text, ToolCall
-
-
-@pytest.fixture
-async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
-    """HA with two real satellites; rtvoice is unloaded at teardown."""
-    home = await async_setup_home(hass, tmp_path)
-    yield home
-    await async_unload(home)
-
-
-@pytest.fixture
-async def entry(home: Home, openai_peer: OpenAIPeer) -> MockConfigEntry:
-    """Realtime Voice loaded against the loopback model."""
-    return await async_setup_rtvoice(home, openai_peer)
 
 
 def llm_context(hass: HomeAssistant, user_id: str | None = None) -> llm.LLMContext:
@@ -237,18 +209,7 @@ async def test_create_errors_list_the_satellites(
 async def test_no_satellites(hass: HomeAssistant, openai_peer: OpenAIPeer) -> None:
     """Without any satellite, the prompt and create say so."""
     assert await async_setup_component(hass, "homeassistant", {})
-    entry = MockConfigEntry(
-        domain=DOMAIN,
-        title="Realtime Voice",
-        data={
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: openai_peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-        },
-        options={**DEFAULT_OPTIONS_OPENAI, CONF_LLM_HASS_API: LLM_API_NONE},
-    )
-    entry.add_to_hass(hass)
+    entry = openai_entry(hass, openai_peer, options={CONF_LLM_HASS_API: LLM_API_NONE})
     assert await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()
     try:
@@ -355,18 +316,7 @@ async def test_one_api_per_entry(
 ) -> None:
     """Each entry has its own API that controls only its own conversations."""
     hass = home.hass
-    second = MockConfigEntry(
-        domain=DOMAIN,
-        title="Upstairs",
-        data={
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: openai_peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-        },
-        options=dict(DEFAULT_OPTIONS_OPENAI),
-    )
-    second.add_to_hass(hass)
+    second = openai_entry(hass, openai_peer, title="Upstairs")
     assert await hass.config_entries.async_setup(second.entry_id)
     await hass.async_block_till_done()
     try:
@@ -400,18 +350,12 @@ async def test_a_realtime_voice_agent_as_the_parent(
     """
     hass = home.hass
     async with OpenAIPeer(api_key=PEER_API_KEY, models=[PEER_MODEL]) as parent_peer:
-        parent = MockConfigEntry(
-            domain=DOMAIN,
+        parent = openai_entry(
+            hass,
+            parent_peer,
             title="Parent",
-            data={
-                CONF_BRAIN: BRAIN_OPENAI,
-                CONF_BASE_URL: parent_peer.base_url,
-                CONF_API_KEY: PEER_API_KEY,
-                CONF_MODEL: PEER_MODEL,
-            },
-            options={**DEFAULT_OPTIONS_OPENAI, CONF_LLM_HASS_API: api_id(entry)},
+            options={CONF_LLM_HASS_API: api_id(entry)},
         )
-        parent.add_to_hass(hass)
         assert await hass.config_entries.async_setup(parent.entry_id)
         await hass.async_block_till_done()
         [parent_agent] = [

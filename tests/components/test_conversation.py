@@ -7,12 +7,8 @@ see tests/components/pipeline/helpers.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 import json
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
@@ -28,26 +24,16 @@ from homeassistant.components import conversation
 from homeassistant.const import MATCH_ALL, STATE_OFF, STATE_ON
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import chat_session, device_registry as dr, intent
-from tests.components.conftest import PEER_MODEL
+from tests.components.common import PEER_MODEL
 from tests.components.pipeline.helpers import (
     AGENT,
     BED_LIGHT,
     SATELLITE,
     Home,
-    async_setup_home,
     async_setup_rtvoice,
-    async_teardown_home,
     tool_named,
 )
 from tests.peers.openai_server import Fail, OpenAIPeer, Text, ToolCall
-
-
-@pytest.fixture
-async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
-    """HA with satellites and demo lights; rtvoice is unloaded at teardown."""
-    home = await async_setup_home(hass, tmp_path)
-    yield home
-    await async_teardown_home(home)
 
 
 async def converse_logged(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,21 +23,18 @@ from custom_components.rtvoice.const import (
     CONF_BRAIN,
     CONF_MODEL,
     CONF_PROMPT,
-    DEFAULT_OPTIONS_HA_AGENT,
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
 )
 from custom_components.rtvoice.diagnostics import safe_url
-from homeassistant.config_entries import ConfigEntryState
 from homeassistant.core import HomeAssistant
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
-from tests.components.pipeline.helpers import (
-    QUIET_SATELLITE,
-    SATELLITE,
-    Home,
-    async_setup_home,
-    async_unload,
+from tests.components.common import (
+    PEER_API_KEY,
+    agent_entry,
+    async_load_entry,
+    openai_entry,
 )
+from tests.components.pipeline.helpers import QUIET_SATELLITE, SATELLITE, Home
 from tests.peers.openai_server import OpenAIPeer, Text
 
 ENTRY_ID = "01JRTV0ICEDIAGN0ST1CS00000"
@@ -49,38 +44,17 @@ ANSWER = "ANSWER-MARKER-9191 done."
 
 
 @pytest.fixture
-async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
-    """HA with two satellites (kitchen, hall) and demo lights."""
-    home = await async_setup_home(hass, tmp_path)
-    yield home
-    await async_unload(home)
-
-
-@pytest.fixture
 def snapshot(snapshot: SnapshotAssertion) -> SnapshotAssertion:
     """Use HA's snapshot format and folder (tests/components/snapshots)."""
     return snapshot.use_extension(HomeAssistantSnapshotExtension)
 
 
 async def _loaded_entry(home: Home, peer: OpenAIPeer) -> MockConfigEntry:
-    entry = MockConfigEntry(
-        domain=DOMAIN,
-        entry_id=ENTRY_ID,
-        title="Realtime Voice",
-        data={
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-        },
-        options={**DEFAULT_OPTIONS_OPENAI, CONF_PROMPT: PROMPT},
+    entry = openai_entry(
+        home.hass, peer, entry_id=ENTRY_ID, options={CONF_PROMPT: PROMPT}
     )
-    entry.add_to_hass(home.hass)
     home.entry = entry
-    assert await home.hass.config_entries.async_setup(entry.entry_id)
-    await home.hass.async_block_till_done()
-    assert entry.state is ConfigEntryState.LOADED
-    return entry
+    return await async_load_entry(home.hass, entry)
 
 
 async def _talk(home: Home, peer: OpenAIPeer) -> tuple[str, str]:
@@ -207,13 +181,7 @@ async def test_ha_agent_entry(
     hass: HomeAssistant, hass_client: ClientSessionGenerator, home: Home
 ) -> None:
     """An entry that delegates to an HA agent: the agent is named, no tools."""
-    entry = MockConfigEntry(
-        domain=DOMAIN,
-        title="Offline",
-        data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: "conversation.home_assistant"},
-        options=dict(DEFAULT_OPTIONS_HA_AGENT),
-    )
-    entry.add_to_hass(hass)
+    entry = agent_entry(hass, "conversation.home_assistant", title="Offline")
     home.entry = entry
     assert await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()

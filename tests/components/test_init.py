@@ -15,19 +15,15 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
-    BRAIN_OPENAI,
     CONF_AGENT_ID,
-    CONF_API_KEY,
-    CONF_BASE_URL,
     CONF_BRAIN,
-    CONF_MODEL,
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
 )
 from homeassistant.config_entries import SOURCE_REAUTH, ConfigEntryState
 from homeassistant.core import HomeAssistant
 from homeassistant.setup import async_setup_component
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.common import openai_data
 from tests.peers.openai_server import OpenAIPeer
 
 
@@ -40,17 +36,6 @@ async def async_set_up(hass: HomeAssistant, data: dict[str, Any]) -> MockConfigE
     assert not await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()
     return entry
-
-
-def openai_data(peer: OpenAIPeer, **data: Any) -> dict[str, Any]:
-    """Entry data of an endpoint brain on the peer."""
-    return {
-        CONF_BRAIN: BRAIN_OPENAI,
-        CONF_BASE_URL: peer.base_url,
-        CONF_API_KEY: PEER_API_KEY,
-        CONF_MODEL: PEER_MODEL,
-        **data,
-    }
 
 
 async def test_unreachable_endpoint_retries_with_a_translated_reason(

@@ -10,39 +10,24 @@ up to and including the intent stage with our agent, is HA's own pipeline.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 import contextlib
 import json
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from homeassistant.components.assist_pipeline import PipelineEventType
 from homeassistant.const import STATE_OFF, STATE_ON
-from homeassistant.core import HomeAssistant
 from homeassistant.helpers import intent
 from tests.components.pipeline.helpers import (
     BED_LIGHT,
     SATELLITE,
     GatedBedLightOn,
     Home,
-    async_setup_home,
     async_setup_rtvoice,
-    async_teardown_home,
     run_satellite,
     tool_named,
     wait,
 )
 from tests.peers.openai_server import Hang, OpenAIPeer, Text, ToolCall
-
-
-@pytest.fixture
-async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
-    """HA with satellites, the loopback STT and demo lights."""
-    home = await async_setup_home(hass, tmp_path)
-    yield home
-    await async_teardown_home(home)
 
 
 def intent_end(home: Home, index: int = -1) -> dict[str, Any]:

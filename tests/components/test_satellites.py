@@ -12,17 +12,10 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest.mock import Mock, patch
+from unittest.mock import patch
 
 import pytest
-from pytest_homeassistant_custom_component.common import (
-    MockConfigEntry,
-    MockModule,
-    MockPlatform,
-    mock_config_flow,
-    mock_integration,
-    mock_platform,
-)
+from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.const import DOMAIN
 from custom_components.rtvoice.kernel import (
@@ -47,14 +40,10 @@ from homeassistant.components.assist_pipeline.pipeline import (
     async_get_pipeline,
     async_update_pipeline,
 )
-from homeassistant.components.assist_satellite import (
-    AssistSatelliteConfiguration,
-    AssistSatelliteEntity,
-    AssistSatelliteEntityFeature,
-)
+from homeassistant.components.assist_satellite import AssistSatelliteEntityFeature
 from homeassistant.components.homeassistant import exposed_entities
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
-from homeassistant.config_entries import ConfigEntry, ConfigFlow
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.const import EVENT_STATE_CHANGED, Platform
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import (
@@ -63,10 +52,15 @@ from homeassistant.helpers import (
     entity_registry as er,
     floor_registry as fr,
 )
-from homeassistant.helpers.device_registry import DeviceInfo
 from homeassistant.helpers.template import Template
 from homeassistant.setup import async_setup_component
 from homeassistant.util.event_type import EventType
+from tests.components.common import (
+    MinimalSatellite,
+    async_setup_demo_entry,
+    async_setup_test_integration,
+    async_unload_demo_entry,
+)
 from tests.kernel.fakes import ScriptedProvider, Text, outcome
 
 TEST_DOMAIN = "rtvoice_test_satellites"
@@ -78,11 +72,8 @@ KITCHEN_SAT = "assist_satellite.kitchen_satellite"
 PIPELINE_SELECT = "select.kitchen_satellite_pipeline"
 
 
-class FakeSatellite(AssistSatelliteEntity):
+class FakeSatellite(MinimalSatellite):
     """A minimal real assist satellite entity named after its device."""
-
-    _attr_has_entity_name = True
-    _attr_name = None
 
     def __init__(
         self,
@@ -92,23 +83,8 @@ class FakeSatellite(AssistSatelliteEntity):
         pipeline_entity_id: str | None = None,
     ) -> None:
         """Create the entity with its own device."""
-        self._attr_unique_id = unique_id
-        self._attr_device_info = DeviceInfo(
-            identifiers={(TEST_DOMAIN, unique_id)}, name=device_name
-        )
-        self._attr_supported_features = features
+        super().__init__(TEST_DOMAIN, unique_id, device_name, features)
         self._attr_pipeline_entity_id = pipeline_entity_id
-
-    def async_get_configuration(self) -> AssistSatelliteConfiguration:
-        """Return a configuration without wake words."""
-        return AssistSatelliteConfiguration(
-            available_wake_words=[], active_wake_words=[], max_active_wake_words=1
-        )
-
-    async def async_set_configuration(
-        self, config: AssistSatelliteConfiguration
-    ) -> None:
-        """Accept any configuration."""
 
     def on_pipeline_event(self, event: PipelineEvent) -> None:
         """Ignore pipeline events (no pipeline runs here)."""
@@ -199,15 +175,7 @@ async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
     bedroom = area_reg.async_create("Bedroom")
 
     # Demo lights (one device each); the demo entry sets up only its light platform.
-    demo_entry = MockConfigEntry(domain="demo")
-    demo_entry.add_to_hass(hass)
-    demo_platforms = patch(
-        "homeassistant.components.demo.COMPONENTS_WITH_CONFIG_ENTRY_DEMO_PLATFORM",
-        [Platform.LIGHT],
-    )
-    with demo_platforms:
-        assert await hass.config_entries.async_setup(demo_entry.entry_id)
-        await hass.async_block_till_done()
+    demo_entry = await async_setup_demo_entry(hass)
     ent_reg = er.async_get(hass)
     dev_reg = dr.async_get(hass)
 
@@ -234,31 +202,15 @@ async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
         adders.append(async_add_entities)
         async_add_entities([satellite])
 
-    async def setup_entry(hass: HomeAssistant, entry: ConfigEntry) -> bool:
-        await hass.config_entries.async_forward_entry_setups(
-            entry, [Platform.ASSIST_SATELLITE]
-        )
-        return True
-
-    mock_integration(hass, MockModule(TEST_DOMAIN, async_setup_entry=setup_entry))
-    mock_platform(
-        hass,
-        f"{TEST_DOMAIN}.assist_satellite",
-        MockPlatform(async_setup_entry=platform_setup_entry),
+    entry = await async_setup_test_integration(
+        hass, TEST_DOMAIN, {Platform.ASSIST_SATELLITE: platform_setup_entry}
     )
-    mock_platform(hass, f"{TEST_DOMAIN}.config_flow", Mock())
-    entry = MockConfigEntry(domain=TEST_DOMAIN)
-    entry.add_to_hass(hass)
-    with mock_config_flow(TEST_DOMAIN, ConfigFlow):
-        assert await hass.config_entries.async_setup(entry.entry_id)
-        await hass.async_block_till_done()
     assert hass.states.get(KITCHEN_SAT) is not None
     put_device_in(KITCHEN_SAT, kitchen.id)
     hass.states.async_set(PIPELINE_SELECT, "preferred")
     await hass.async_block_till_done()
     yield Home(hass, entry, floor, kitchen, bedroom, satellite, adders)
-    with demo_platforms:  # unload only what was set up
-        assert await hass.config_entries.async_unload(demo_entry.entry_id)
+    await async_unload_demo_entry(hass, demo_entry)  # only what was set up
 
 
 async def _start(home: Home, prompts: PromptRegistry | None = None) -> Rig:

@@ -8,23 +8,13 @@ come and go through HA's own state machine and entity registry.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.rtvoice.const import (
-    BRAIN_OPENAI,
-    CONF_API_KEY,
-    CONF_BASE_URL,
-    CONF_BRAIN,
-    CONF_MODEL,
-    DEFAULT_OPTIONS_OPENAI,
-    DOMAIN,
-    SIGNAL_SESSION_UPDATE,
-)
+from custom_components.rtvoice.const import DOMAIN, SIGNAL_SESSION_UPDATE
 from custom_components.rtvoice.entity import MANUFACTURER
 from custom_components.rtvoice.sensor import STATE_OPTIONS, unique_id
 from custom_components.rtvoice.sessions import SessionSnapshot
@@ -34,7 +24,6 @@ from homeassistant.components.sensor import (
     SensorDeviceClass,
     SensorStateClass,
 )
-from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import (
     ATTR_DEVICE_CLASS,
     ATTR_FRIENDLY_NAME,
@@ -52,15 +41,8 @@ from homeassistant.core import (
 from homeassistant.helpers import device_registry as dr, entity_registry as er
 from homeassistant.helpers.dispatcher import async_dispatcher_send
 from homeassistant.helpers.event import async_track_state_change_event
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
-from tests.components.pipeline.helpers import (
-    QUIET_SATELLITE,
-    SATELLITE,
-    Home,
-    async_setup_home,
-    async_unload,
-    wait,
-)
+from tests.components.common import async_load_entry, openai_entry
+from tests.components.pipeline.helpers import QUIET_SATELLITE, SATELLITE, Home, wait
 from tests.peers.openai_server import OpenAIPeer, Text, WaitFor
 
 HALL_STATE = "sensor.realtime_voice_hall_satellite_state"
@@ -73,35 +55,13 @@ KITCHEN_SUPPRESSED = "sensor.realtime_voice_kitchen_satellite_suppressed_interru
 KEYS = ("state", "rounds", "dropped_inputs", "suppressed_cancels")
 
 
-@pytest.fixture
-async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
-    """HA with two satellites (kitchen, hall) and demo lights."""
-    home = await async_setup_home(hass, tmp_path)
-    yield home
-    await async_unload(home)
-
-
 def _entry(home: Home, peer: OpenAIPeer) -> MockConfigEntry:
-    entry = MockConfigEntry(
-        domain=DOMAIN,
-        title="Realtime Voice",
-        data={
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-        },
-        options=dict(DEFAULT_OPTIONS_OPENAI),
-    )
-    entry.add_to_hass(home.hass)
-    home.entry = entry
-    return entry
+    home.entry = openai_entry(home.hass, peer)
+    return home.entry
 
 
 async def _setup(home: Home, entry: MockConfigEntry) -> None:
-    assert await home.hass.config_entries.async_setup(entry.entry_id)
-    await home.hass.async_block_till_done()
-    assert entry.state is ConfigEntryState.LOADED
+    await async_load_entry(home.hass, entry)
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
@@ -11,15 +9,7 @@ import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 import voluptuous as vol
 
-from custom_components.rtvoice.const import (
-    BRAIN_OPENAI,
-    CONF_API_KEY,
-    CONF_BASE_URL,
-    CONF_BRAIN,
-    CONF_MODEL,
-    DEFAULT_OPTIONS_OPENAI,
-    DOMAIN,
-)
+from custom_components.rtvoice.const import DOMAIN
 from custom_components.rtvoice.kernel import KernelError
 from custom_components.rtvoice.services import (
     SERVICE_GET_TRANSCRIPT,
@@ -38,13 +28,11 @@ from homeassistant.exceptions import (
     UnknownUser,
 )
 from homeassistant.helpers import icon, service
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.common import async_load_entry, openai_entry
 from tests.components.pipeline.helpers import (
     QUIET_SATELLITE,
     SATELLITE,
     Home,
-    async_setup_home,
-    async_setup_rtvoice,
     async_unload,
 )
 from tests.peers.openai_server import OpenAIPeer, Text
@@ -56,20 +44,6 @@ ALL_SERVICES = (
     SERVICE_LIST_CONVERSATIONS,
     SERVICE_GET_TRANSCRIPT,
 )
-
-
-@pytest.fixture
-async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
-    """HA with two real satellites; rtvoice is unloaded at teardown."""
-    home = await async_setup_home(hass, tmp_path)
-    yield home
-    await async_unload(home)
-
-
-@pytest.fixture
-async def entry(home: Home, openai_peer: OpenAIPeer) -> MockConfigEntry:
-    """Realtime Voice loaded against the loopback model."""
-    return await async_setup_rtvoice(home, openai_peer)
 
 
 async def call(
@@ -104,26 +78,26 @@ async def start(
     return conversation_id
 
 
+async def send_answered(home: Home, conversation_id: str, text: str) -> None:
+    """Send the first input (seq 1) by the action; wait until it was answered."""
+    answered = home.wait_snapshot(
+        lambda s: (
+            s.conversation_id == conversation_id
+            and s.completed == 1
+            and s.state == "idle"
+        )
+    )
+    assert await call(
+        home.hass, SERVICE_SEND, {"conversation_id": conversation_id, "text": text}
+    ) == {"seq": 1}
+    await answered
+
+
 async def add_second_entry(
     hass: HomeAssistant, peer: OpenAIPeer, title: str = "Second voice"
 ) -> MockConfigEntry:
     """Load a second Realtime Voice entry against the same model."""
-    second = MockConfigEntry(
-        domain=DOMAIN,
-        title=title,
-        data={
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-        },
-        options=dict(DEFAULT_OPTIONS_OPENAI),
-    )
-    second.add_to_hass(hass)
-    assert await hass.config_entries.async_setup(second.entry_id)
-    await hass.async_block_till_done()
-    assert second.state is ConfigEntryState.LOADED
-    return second
+    return await async_load_entry(hass, openai_entry(hass, peer, title=title))
 
 
 async def test_conversation_round_trip(
@@ -145,17 +119,7 @@ async def test_conversation_round_trip(
     assert item["stats"]["rounds"] == 0
 
     openai_peer.enqueue(Text("It is"), Text(" sunny."))
-    answered = home.wait_snapshot(
-        lambda s: (
-            s.conversation_id == conversation_id
-            and s.completed == 1
-            and s.state == "idle"
-        )
-    )
-    assert await call(
-        hass, SERVICE_SEND, {"conversation_id": conversation_id, "text": "Weather?"}
-    ) == {"seq": 1}
-    await answered
+    await send_answered(home, conversation_id, "Weather?")
     request = openai_peer.requests[-1]
     assert request.messages[0]["role"] == "system"
     assert request.messages[0]["content"].startswith(
@@ -243,17 +207,7 @@ async def test_start_without_satellite(
     ]
 
     openai_peer.enqueue(Text("Forty-two."))
-    answered = home.wait_snapshot(
-        lambda s: (
-            s.conversation_id == conversation_id
-            and s.completed == 1
-            and s.state == "idle"
-        )
-    )
-    assert await call(
-        hass, SERVICE_SEND, {"conversation_id": conversation_id, "text": "Answer?"}
-    ) == {"seq": 1}
-    await answered
+    await send_answered(home, conversation_id, "Answer?")
     page = await call(
         hass, SERVICE_GET_TRANSCRIPT, {"conversation_id": conversation_id}
     )

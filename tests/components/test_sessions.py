@@ -7,11 +7,9 @@ Everything runs on a real Home Assistant with the loopback OpenAI peer as the mo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 import json
 import logging
-from pathlib import Path
 
 import pytest
 from pytest_homeassistant_custom_component.common import (
@@ -49,7 +47,7 @@ from homeassistant.core import Context, HomeAssistant, callback
 from homeassistant.helpers import entity_registry as er, intent
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.util import dt as dt_util
-from tests.components.conftest import PEER_API_KEY
+from tests.components.common import PEER_API_KEY
 from tests.components.pipeline.helpers import (
     AGENT,
     BED_LIGHT,
@@ -57,9 +55,7 @@ from tests.components.pipeline.helpers import (
     SATELLITE,
     GatedBedLightOn,
     Home,
-    async_setup_home,
     async_setup_rtvoice,
-    async_teardown_home,
     async_unload,
     tool_named,
     wait,
@@ -67,14 +63,6 @@ from tests.components.pipeline.helpers import (
 from tests.peers.openai_server import Fail, Hang, OpenAIPeer, Text, ToolCall, WaitFor
 
 IDLE = 60
-
-
-@pytest.fixture
-async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
-    """HA with satellites and demo lights; rtvoice is unloaded at teardown."""
-    home = await async_setup_home(hass, tmp_path)
-    yield home
-    await async_teardown_home(home)
 
 
 async def converse(
@@ -691,10 +679,13 @@ async def test_state_updates_for_sensors(home: Home, openai_peer: OpenAIPeer) ->
     hass = home.hass
     entry = await async_setup_rtvoice(home, openai_peer)
     seen: list[tuple[str | None, SessionSnapshot]] = []
+
+    @callback  # run in the loop, in order (a plain lambda runs in an executor)
+    def record(satellite: str | None, snapshot: SessionSnapshot) -> None:
+        seen.append((satellite, snapshot))
+
     unsub = async_dispatcher_connect(
-        hass,
-        SIGNAL_SESSION_UPDATE.format(entry.entry_id),
-        lambda sat, snap: seen.append((sat, snap)),
+        hass, SIGNAL_SESSION_UPDATE.format(entry.entry_id), record
     )
     result = await converse(home, "hello", device_id=home.device_of(SATELLITE))
     await home.sessions.async_stop_conversation(result.conversation_id)

@@ -13,22 +13,10 @@ from pytest_homeassistant_custom_component.common import (
     get_system_health_info,
 )
 
-from custom_components.rtvoice.const import (
-    BRAIN_HA_AGENT,
-    BRAIN_OPENAI,
-    CONF_AGENT_ID,
-    CONF_API_KEY,
-    CONF_BASE_URL,
-    CONF_BRAIN,
-    CONF_MODEL,
-    DEFAULT_OPTIONS_HA_AGENT,
-    DEFAULT_OPTIONS_OPENAI,
-    DOMAIN,
-)
-from homeassistant.config_entries import ConfigEntryState
+from custom_components.rtvoice.const import DOMAIN
 from homeassistant.core import HomeAssistant
 from homeassistant.setup import async_setup_component
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.common import agent_entry, async_load_entry, openai_entry
 from tests.components.pipeline.helpers import (
     QUIET_SATELLITE,
     Home,
@@ -49,35 +37,8 @@ async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
     await hass.async_block_till_done()
 
 
-async def _add(hass: HomeAssistant, entry: MockConfigEntry) -> MockConfigEntry:
-    entry.add_to_hass(hass)
-    assert await hass.config_entries.async_setup(entry.entry_id)
-    await hass.async_block_till_done()
-    assert entry.state is ConfigEntryState.LOADED
-    return entry
-
-
-def _openai_entry(peer: OpenAIPeer, title: str = "Realtime Voice") -> MockConfigEntry:
-    return MockConfigEntry(
-        domain=DOMAIN,
-        title=title,
-        data={
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-        },
-        options=dict(DEFAULT_OPTIONS_OPENAI),
-    )
-
-
-def _agent_entry(title: str = "Offline") -> MockConfigEntry:
-    return MockConfigEntry(
-        domain=DOMAIN,
-        title=title,
-        data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: "conversation.home_assistant"},
-        options=dict(DEFAULT_OPTIONS_HA_AGENT),
-    )
+def _agent_entry(hass: HomeAssistant, title: str = "Offline") -> MockConfigEntry:
+    return agent_entry(hass, "conversation.home_assistant", title=title)
 
 
 async def _info(hass: HomeAssistant) -> dict[str, Any]:
@@ -93,8 +54,8 @@ async def test_endpoints_agents_and_conversations(
     hass: HomeAssistant, home: Home, openai_peer: OpenAIPeer
 ) -> None:
     """Reachability per endpoint, the agent of delegating entries, open conversations."""
-    openai = await _add(hass, _openai_entry(openai_peer))
-    await _add(hass, _agent_entry())
+    openai = await async_load_entry(hass, openai_entry(hass, openai_peer))
+    await async_load_entry(hass, _agent_entry(hass))
     await openai.runtime_data.sessions.async_start_conversation(QUIET_SATELLITE)
     await openai.runtime_data.sessions.async_start_conversation(None)
     requests_before = len(openai_peer.requests)
@@ -112,7 +73,7 @@ async def test_unreachable_endpoint(
     hass: HomeAssistant, home: Home, openai_peer: OpenAIPeer
 ) -> None:
     """An endpoint that went away is reported as unreachable."""
-    await _add(hass, _openai_entry(openai_peer))
+    await async_load_entry(hass, openai_entry(hass, openai_peer))
     await openai_peer.stop()
     info = await _info(hass)
     assert info["Realtime Voice endpoint"] == {"type": "failed", "error": "unreachable"}
@@ -123,8 +84,8 @@ async def test_same_titles_stay_apart(
     hass: HomeAssistant, home: Home, openai_peer: OpenAIPeer
 ) -> None:
     """Entries with the same title are told apart by their entry id."""
-    first = await _add(hass, _agent_entry("Voice"))
-    second = await _add(hass, _agent_entry("Voice"))
+    first = await async_load_entry(hass, _agent_entry(hass, "Voice"))
+    second = await async_load_entry(hass, _agent_entry(hass, "Voice"))
     info = await _info(hass)
     assert info[f"Voice ({first.entry_id}) agent"] == (
         "Home Assistant agent conversation.home_assistant"

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 import json
 import logging
 from typing import Any
-from unittest.mock import patch
 
 import pytest
 import voluptuous as vol
@@ -38,38 +37,18 @@ from custom_components.rtvoice.tools import (
     API_PROMPT_SECTION,
     HaToolRunner,
 )
-from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
-from homeassistant.const import Platform
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import entity_registry as er, llm
-from homeassistant.setup import async_setup_component
 from homeassistant.util.json import JsonObjectType
+from tests.components.common import (
+    BED,
+    KITCHEN,
+    SAFETY_TIMEOUT,
+    async_setup_demo_lights,
+)
 
 CHILD = "01JCHILD0000000000000000AA"
-SAFETY_TIMEOUT = 10.0  # a safety net against hangs, never a synchronisation
-KITCHEN = "light.kitchen_lights"
-BED = "light.bed_light"
-
-
-async def async_setup_demo_lights(hass: HomeAssistant) -> None:
-    """Set up Assist and the demo lights; expose Kitchen Lights, hide Bed Light.
-
-    The only mock: the demo integration is limited to its light platform (as HA
-    core's own demo light tests do); otherwise it sets up ~30 other platforms.
-    """
-    assert await async_setup_component(hass, "homeassistant", {})
-    assert await async_setup_component(hass, "intent", {})
-    assert await async_setup_component(hass, "conversation", {})
-    with patch(
-        "homeassistant.components.demo.COMPONENTS_WITH_CONFIG_ENTRY_DEMO_PLATFORM",
-        [Platform.LIGHT],
-    ):
-        assert await async_setup_component(hass, "demo", {})
-        await hass.async_block_till_done()
-    assert hass.states.get(KITCHEN) is not None
-    async_expose_entity(hass, "conversation", KITCHEN, True)
-    async_expose_entity(hass, "conversation", BED, False)
 
 
 def tool_named(specs: list[ToolSpec], suffix: str) -> ToolSpec:

@@ -22,24 +22,12 @@ from dataclasses import dataclass, field
 import io
 from pathlib import Path
 from typing import Any
-from unittest.mock import Mock, patch
+from unittest.mock import patch
 import wave
 
-from pytest_homeassistant_custom_component.common import (
-    MockConfigEntry,
-    MockModule,
-    MockPlatform,
-    mock_config_flow,
-    mock_integration,
-    mock_platform,
-)
+from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.const import (
-    BRAIN_OPENAI,
-    CONF_API_KEY,
-    CONF_BASE_URL,
-    CONF_BRAIN,
-    CONF_MODEL,
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
     EVENT_ASK_PARENT,
@@ -59,22 +47,26 @@ from homeassistant.components.assist_pipeline.pipeline import (
 )
 from homeassistant.components.assist_satellite import (
     AssistSatelliteAnnouncement,
-    AssistSatelliteConfiguration,
-    AssistSatelliteEntity,
     AssistSatelliteEntityFeature,
 )
-from homeassistant.config_entries import ConfigEntry, ConfigEntryState, ConfigFlow
+from homeassistant.config_entries import ConfigEntry, ConfigEntryState
 from homeassistant.const import Platform
 from homeassistant.core import Event, HomeAssistant, callback
 from homeassistant.core_config import async_process_ha_core_config
 from homeassistant.helpers import entity_registry as er, intent
-from homeassistant.helpers.device_registry import DeviceInfo
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.setup import async_setup_component
-from tests.components.conftest import PEER_API_KEY, PEER_MODEL
+from tests.components.common import (
+    BED as BED_LIGHT,
+    SAFETY_TIMEOUT,
+    MinimalSatellite,
+    async_load_entry,
+    async_setup_demo_entry,
+    async_setup_test_integration,
+    async_unload_demo_entry,
+    openai_data,
+)
 from tests.peers.openai_server import OpenAIPeer
-
-SAFETY_TIMEOUT = 10.0  # seconds: a safety net against hangs, never a synchronisation
 
 TEST_DOMAIN = "rtvoice_test_voice"
 SATELLITE = "assist_satellite.kitchen_satellite"
@@ -82,8 +74,6 @@ QUIET_SATELLITE = "assist_satellite.hall_satellite"  # cannot announce
 STT_ENTITY = "stt.loopback_stt"
 TTS_ENTITY = "tts.loopback_tts"
 AGENT = "conversation.realtime_voice"
-BED_LIGHT = "light.bed_light"
-KITCHEN_LIGHTS = "light.kitchen_lights"
 
 
 async def wait(aw: Awaitable[Any], timeout: float = SAFETY_TIMEOUT) -> Any:
@@ -91,36 +81,18 @@ async def wait(aw: Awaitable[Any], timeout: float = SAFETY_TIMEOUT) -> Any:
     return await asyncio.wait_for(aw, timeout)
 
 
-class VoiceSatellite(AssistSatelliteEntity):
+class VoiceSatellite(MinimalSatellite):
     """A minimal real assist satellite; it records what HA sends it."""
-
-    _attr_has_entity_name = True
-    _attr_name = None
 
     def __init__(
         self, unique_id: str, device_name: str, features: AssistSatelliteEntityFeature
     ) -> None:
         """Create the entity with its own device."""
-        self._attr_unique_id = unique_id
-        self._attr_device_info = DeviceInfo(
-            identifiers={(TEST_DOMAIN, unique_id)}, name=device_name
-        )
-        self._attr_supported_features = features
+        super().__init__(TEST_DOMAIN, unique_id, device_name, features)
         self.events: list[PipelineEvent] = []
         self.announcements: list[str] = []
         self.announce_gate: asyncio.Event | None = None  # hold announcements here
         self.changed = asyncio.Condition()
-
-    def async_get_configuration(self) -> AssistSatelliteConfiguration:
-        """Return a configuration without wake words."""
-        return AssistSatelliteConfiguration(
-            available_wake_words=[], active_wake_words=[], max_active_wake_words=1
-        )
-
-    async def async_set_configuration(
-        self, config: AssistSatelliteConfiguration
-    ) -> None:
-        """Accept any configuration."""
 
     def on_pipeline_event(self, event: PipelineEvent) -> None:
         """Record a pipeline event."""
@@ -331,13 +303,6 @@ class Home:
             unsub()
 
 
-def _demo_lights_only() -> Any:
-    return patch(
-        "homeassistant.components.demo.COMPONENTS_WITH_CONFIG_ENTRY_DEMO_PLATFORM",
-        [Platform.LIGHT],
-    )
-
-
 async def async_setup_home(hass: HomeAssistant, tmp_path: Path) -> Home:
     """HA with two satellites, a loopback STT, demo lights and the Assist pipeline."""
     with patch(
@@ -352,11 +317,7 @@ async def async_setup_home(hass: HomeAssistant, tmp_path: Path) -> Home:
             assert await async_setup_component(hass, component, {})
         await hass.async_block_till_done()
 
-    demo_entry = MockConfigEntry(domain="demo")
-    demo_entry.add_to_hass(hass)
-    with _demo_lights_only():
-        assert await hass.config_entries.async_setup(demo_entry.entry_id)
-        await hass.async_block_till_done()
+    demo_entry = await async_setup_demo_entry(hass)
 
     satellite = VoiceSatellite(
         "sat-kitchen",
@@ -379,36 +340,15 @@ async def async_setup_home(hass: HomeAssistant, tmp_path: Path) -> Home:
     async def tts_setup(hass: HomeAssistant, entry: ConfigEntry, add) -> None:
         add([loopback_tts])
 
-    async def setup_entry(hass: HomeAssistant, entry: ConfigEntry) -> bool:
-        await hass.config_entries.async_forward_entry_setups(
-            entry, [Platform.ASSIST_SATELLITE, Platform.STT, Platform.TTS]
-        )
-        return True
-
-    async def unload_entry(hass: HomeAssistant, entry: ConfigEntry) -> bool:
-        return await hass.config_entries.async_unload_platforms(
-            entry, [Platform.ASSIST_SATELLITE, Platform.STT, Platform.TTS]
-        )
-
-    mock_integration(
+    test_entry = await async_setup_test_integration(
         hass,
-        MockModule(
-            TEST_DOMAIN, async_setup_entry=setup_entry, async_unload_entry=unload_entry
-        ),
+        TEST_DOMAIN,
+        {
+            Platform.ASSIST_SATELLITE: satellites_setup,
+            Platform.STT: stt_setup,
+            Platform.TTS: tts_setup,
+        },
     )
-    mock_platform(
-        hass,
-        f"{TEST_DOMAIN}.assist_satellite",
-        MockPlatform(async_setup_entry=satellites_setup),
-    )
-    mock_platform(hass, f"{TEST_DOMAIN}.stt", MockPlatform(async_setup_entry=stt_setup))
-    mock_platform(hass, f"{TEST_DOMAIN}.tts", MockPlatform(async_setup_entry=tts_setup))
-    mock_platform(hass, f"{TEST_DOMAIN}.config_flow", Mock())
-    test_entry = MockConfigEntry(domain=TEST_DOMAIN)
-    test_entry.add_to_hass(hass)
-    with mock_config_flow(TEST_DOMAIN, ConfigFlow):
-        assert await hass.config_entries.async_setup(test_entry.entry_id)
-        await hass.async_block_till_done()
     assert hass.states.get(SATELLITE) is not None
     assert hass.states.get(QUIET_SATELLITE) is not None
     assert hass.states.get(STT_ENTITY) is not None
@@ -443,12 +383,7 @@ async def async_setup_rtvoice(
     hass = home.hass
     if data is None:
         assert peer is not None
-        data = {
-            CONF_BRAIN: BRAIN_OPENAI,
-            CONF_BASE_URL: peer.base_url,
-            CONF_API_KEY: PEER_API_KEY,
-            CONF_MODEL: PEER_MODEL,
-        }
+        data = openai_data(peer)
     entry = MockConfigEntry(
         domain=DOMAIN,
         title="Realtime Voice",
@@ -456,10 +391,7 @@ async def async_setup_rtvoice(
         options={**DEFAULT_OPTIONS_OPENAI, **options},
     )
     entry.add_to_hass(hass)
-    assert await hass.config_entries.async_setup(entry.entry_id)
-    await hass.async_block_till_done()
-    assert entry.state is ConfigEntryState.LOADED
-    home.entry = entry
+    home.entry = await async_load_entry(hass, entry)
     pipeline = async_get_pipeline(hass)
     await async_update_pipeline(
         hass,
@@ -485,8 +417,7 @@ async def async_unload(home: Home) -> None:
 async def async_teardown_home(home: Home) -> None:
     """Unload rtvoice, then the demo lights (with the platforms they were set up with)."""
     await async_unload(home)
-    with _demo_lights_only():
-        assert await home.hass.config_entries.async_unload(home.demo_entry.entry_id)
+    await async_unload_demo_entry(home.hass, home.demo_entry)
 
 
 def run_satellite(
