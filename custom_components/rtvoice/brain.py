@@ -68,7 +68,7 @@ from .kernel.openai_provider import (
     ProviderError,
     ProviderModelNotFoundError,
 )
-from .tools import HaToolRunner, ToolResultHook, error_text
+from .tools import HaToolRunner, ToolResultHook, error_text, report_tool_result
 
 if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
@@ -362,11 +362,7 @@ class HaAgentToolRunner:
         """Hand the text to the agent; return its speech as JSON."""
         child_id = current_child_id()
         result = await self._call(child_id, call)
-        if self.on_tool_result is not None and child_id is not None:
-            try:
-                self.on_tool_result(child_id, call, result)
-            except Exception:
-                _LOGGER.exception("Recording the result of %s failed", call.name)
+        report_tool_result(self.on_tool_result, child_id, call, result)
         return result
 
     async def _call(self, child_id: str | None, call: ToolCall) -> str:
@@ -375,17 +371,9 @@ class HaAgentToolRunner:
         text = call.arguments.get("text")
         if not isinstance(text, str) or not text.strip():
             return error_text("ha_assist needs a non-empty 'text' string")
-        turn = self._turns.get(child_id)
         try:
-            result = await compat.async_converse(
-                self.hass,
-                text=text,
-                conversation_id=delegated_conversation_id(child_id),
-                context=turn.context,
-                language=turn.language,
-                agent_id=self.agent_id,
-                device_id=turn.device_id,
-                satellite_id=turn.satellite_id,
+            result = await _async_ask_agent(
+                self.hass, self.agent_id, self._turns.get(child_id), child_id, text
             )
         except Exception as err:  # noqa: BLE001 - becomes an error result
             _LOGGER.warning(
@@ -453,18 +441,14 @@ class HaAgentProvider:
 
     async def _async_converse(self, messages: list[Message], text: str) -> str:
         child_id = current_child_id()
-        turn = self._turns.get(child_id)
         system = messages[0].content if messages[0].role == "system" else None
         try:
-            result = await compat.async_converse(
+            result = await _async_ask_agent(
                 self.hass,
-                text=text,
-                conversation_id=delegated_conversation_id(child_id),
-                context=turn.context,
-                language=turn.language,
-                agent_id=self.agent_id,
-                device_id=turn.device_id,
-                satellite_id=turn.satellite_id,
+                self.agent_id,
+                self._turns.get(child_id),
+                child_id,
+                text,
                 extra_system_prompt=system or None,
             )
         except Exception as err:
@@ -472,6 +456,29 @@ class HaAgentProvider:
                 f"conversation agent {self.agent_id} failed ({type(err).__name__}: {err})"
             ) from err
         return _speech_of(result)[0]
+
+
+async def _async_ask_agent(
+    hass: HomeAssistant,
+    agent_id: str,
+    turn: TurnContext,
+    child_id: str | None,
+    text: str,
+    *,
+    extra_system_prompt: str | None = None,
+) -> conversation.ConversationResult:
+    """Hand one turn of a child to the delegated agent (its own conversation id)."""
+    return await compat.async_converse(
+        hass,
+        text=text,
+        conversation_id=delegated_conversation_id(child_id),
+        context=turn.context,
+        language=turn.language,
+        agent_id=agent_id,
+        device_id=turn.device_id,
+        satellite_id=turn.satellite_id,
+        extra_system_prompt=extra_system_prompt,
+    )
 
 
 def _called(messages: list[Message], tool_call_id: str | None) -> bool:

@@ -123,8 +123,14 @@ class _EntryTool(llm.Tool):
                 f" {humanize_error(tool_input.tool_args, err)}"
             )
 
-    def _loaded(self) -> bool:
-        return self._entry.state is ConfigEntryState.LOADED
+    def _ready(self, tool_input: llm.ToolInput) -> dict[str, Any] | str:
+        """Return the validated arguments, or why the tool cannot run now."""
+        args = self._arguments(tool_input)
+        if isinstance(args, str):
+            return args
+        if self._entry.state is not ConfigEntryState.LOADED:
+            return "Realtime Voice is not loaded; try again later."
+        return args
 
     def _unknown(self, conversation_id: str) -> JsonObjectType:
         sessions = self._entry.runtime_data.sessions
@@ -171,11 +177,9 @@ class RtChildrenTool(_EntryTool):
         llm_context: llm.LLMContext,
     ) -> JsonObjectType:
         """Run one action; every failure is an ``error`` result."""
-        args = self._arguments(tool_input)
+        args = self._ready(tool_input)
         if isinstance(args, str):
             return _error(args)
-        if not self._loaded():
-            return _error("Realtime Voice is not loaded; try again later.")
         action = args["action"]
         if action == ACTION_CREATE:
             return await self._async_create(args)
@@ -319,11 +323,9 @@ class RtTranscriptTool(_EntryTool):
         llm_context: llm.LLMContext,
     ) -> JsonObjectType:
         """Return the page, or an ``error`` result."""
-        args = self._arguments(tool_input)
+        args = self._ready(tool_input)
         if isinstance(args, str):
             return _error(args)
-        if not self._loaded():
-            return _error("Realtime Voice is not loaded; try again later.")
         if not await _async_may_read(hass, llm_context):
             return _error(_NOT_ADMIN)
         conversation_id: str = args["id"]

@@ -52,6 +52,18 @@ def error_text(error: BaseException | str) -> str:
     return json.dumps(result, ensure_ascii=False)
 
 
+def report_tool_result(
+    hook: ToolResultHook | None, child_id: str | None, call: ToolCall, result: str
+) -> None:
+    """Hand a finished call to the hook (e.g. to record it in the chat log)."""
+    if hook is None or child_id is None:
+        return
+    try:
+        hook(child_id, call, result)
+    except Exception:
+        _LOGGER.exception("Recording the result of tool %s failed", call.name)
+
+
 @dataclass
 class _Prepared:
     """The API instance of one conversation's current turn and its tool specs."""
@@ -151,11 +163,7 @@ class HaToolRunner:
         """Run one tool call; the result (or the error) as JSON text."""
         child_id = current_child_id()
         result = await self._call(child_id, call)
-        if self.on_tool_result is not None and child_id is not None:
-            try:
-                self.on_tool_result(child_id, call, result)
-            except Exception:
-                _LOGGER.exception("Recording the result of tool %s failed", call.name)
+        report_tool_result(self.on_tool_result, child_id, call, result)
         return result
 
     async def _call(self, child_id: str | None, call: ToolCall) -> str:

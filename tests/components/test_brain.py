@@ -725,7 +725,7 @@ async def test_agent_tool_runner_hook_failure_is_logged(
     outcome = await rig.push("turn on the kitchen light")
     assert outcome.status == "completed"
     assert hass.states.get(KITCHEN).state == "on"
-    assert "Recording the result of ha_assist failed" in caplog.text
+    assert "Recording the result of tool ha_assist failed" in caplog.text
 
 
 async def test_brain_turns(hass: HomeAssistant, openai_peer: OpenAIPeer) -> None:
