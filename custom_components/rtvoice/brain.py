@@ -29,7 +29,7 @@ from homeassistant.exceptions import (
     ConfigEntryError,
     ConfigEntryNotReady,
 )
-from homeassistant.helpers import issue_registry as ir
+from homeassistant.helpers import intent, issue_registry as ir
 from homeassistant.helpers.httpx_client import get_async_client
 from homeassistant.util.ulid import ulid_now
 
@@ -120,6 +120,8 @@ class _Turns:
     def __init__(self, hass: HomeAssistant) -> None:
         self._hass = hass
         self._turns: dict[str, TurnContext] = {}
+        # The delegated agent's last answer per child (its response type, error code).
+        self.replies: dict[str, intent.IntentResponse] = {}
 
     def get(self, child_id: str | None) -> TurnContext:
         """Return the child's turn, or a neutral one (no user, HA's language)."""
@@ -134,9 +136,11 @@ class _Turns:
 
     def set(self, child_id: str, turn: TurnContext) -> None:
         self._turns[child_id] = turn
+        self.replies.pop(child_id, None)  # a new turn: no answer of the agent yet
 
     def pop(self, child_id: str) -> None:
         self._turns.pop(child_id, None)
+        self.replies.pop(child_id, None)
 
 
 class Brain:
@@ -170,6 +174,10 @@ class Brain:
     def turn(self, child_id: str) -> TurnContext:
         """Return the current turn of a child (a neutral one if none was set)."""
         return self._turns.get(child_id)
+
+    def agent_reply(self, child_id: str) -> intent.IntentResponse | None:
+        """Return the delegated agent's answer in the child's current turn, if any."""
+        return self._turns.replies.get(child_id)
 
     def set_turn(self, child_id: str, turn: TurnContext) -> None:
         """Remember what HA told us about the child's current turn."""
@@ -373,7 +381,7 @@ class HaAgentToolRunner:
             return error_text("ha_assist needs a non-empty 'text' string")
         try:
             result = await _async_ask_agent(
-                self.hass, self.agent_id, self._turns.get(child_id), child_id, text
+                self.hass, self.agent_id, self._turns, child_id, text
             )
         except Exception as err:  # noqa: BLE001 - becomes an error result
             _LOGGER.warning(
@@ -446,7 +454,7 @@ class HaAgentProvider:
             result = await _async_ask_agent(
                 self.hass,
                 self.agent_id,
-                self._turns.get(child_id),
+                self._turns,
                 child_id,
                 text,
                 extra_system_prompt=system or None,
@@ -461,14 +469,19 @@ class HaAgentProvider:
 async def _async_ask_agent(
     hass: HomeAssistant,
     agent_id: str,
-    turn: TurnContext,
+    turns: _Turns,
     child_id: str | None,
     text: str,
     *,
     extra_system_prompt: str | None = None,
 ) -> conversation.ConversationResult:
-    """Hand one turn of a child to the delegated agent (its own conversation id)."""
-    return await compat.async_converse(
+    """Hand one turn of a child to the delegated agent (its own conversation id).
+
+    The agent's answer is remembered for the child, so the session can report an
+    error answer as an error (not only speak it).
+    """
+    turn = turns.get(child_id)
+    result = await compat.async_converse(
         hass,
         text=text,
         conversation_id=delegated_conversation_id(child_id),
@@ -479,6 +492,9 @@ async def _async_ask_agent(
         satellite_id=turn.satellite_id,
         extra_system_prompt=extra_system_prompt,
     )
+    if child_id is not None:
+        turns.replies[child_id] = result.response
+    return result
 
 
 def _called(messages: list[Message], tool_call_id: str | None) -> bool:

@@ -367,6 +367,19 @@ class SessionManager:
         agent_id: str,
     ) -> ConversationResult:
         if outcome.status != "failed":
+            reply = self._brain.agent_reply(session.id)
+            if (
+                outcome.status == "completed"
+                and reply is not None
+                and reply.response_type is intent.IntentResponseType.ERROR
+            ):
+                # The delegated agent could not do it: say so as HA's agent would.
+                response = intent.IntentResponse(language=language)
+                response.async_set_error(
+                    reply.error_code or intent.IntentResponseErrorCode.UNKNOWN,
+                    outcome.text,
+                )
+                return ConversationResult(response=response, conversation_id=session.id)
             return _spoken_result(language, session.id, outcome.text)
         _LOGGER.debug("Conversation %s: the round failed", session.id)
         chat_log.async_add_assistant_content_without_tools(

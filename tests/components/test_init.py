@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
@@ -20,10 +20,19 @@ from custom_components.rtvoice.const import (
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
 )
+from homeassistant.components import conversation
 from homeassistant.config_entries import SOURCE_REAUTH, ConfigEntryState
-from homeassistant.core import HomeAssistant
+from homeassistant.const import STATE_ON
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.helpers import intent
 from homeassistant.setup import async_setup_component
-from tests.components.common import openai_data
+from tests.components.common import (
+    KITCHEN,
+    agent_entry,
+    async_load_entry,
+    async_setup_demo_lights,
+    openai_data,
+)
 from tests.peers.openai_server import OpenAIPeer
 
 
@@ -118,3 +127,29 @@ async def test_unknown_brain_fails_with_a_translated_reason(
         "Delete the entry and add it again"
     )
     assert entry.reason in caplog.text
+
+
+async def test_agent_brain_reports_the_agents_answer_type(
+    hass: HomeAssistant, hass_admin_user: MockUser
+) -> None:
+    """Through the built-in agent: a done action is done, a failed one an error.
+
+    The agent's speech is spoken either way; its error answer stays an error, as HA's
+    own agent reports it, instead of becoming "action done".
+    """
+    await async_setup_demo_lights(hass, kitchen_area="Kitchen")
+    await async_load_entry(hass, agent_entry(hass))
+    context = Context(user_id=hass_admin_user.id)
+    agent = "conversation.realtime_voice"
+
+    done = await conversation.async_converse(
+        hass, "turn on the kitchen lights", None, context, agent_id=agent
+    )
+    assert done.response.response_type is intent.IntentResponseType.ACTION_DONE
+    assert hass.states.get(KITCHEN).state == STATE_ON
+
+    failed = await conversation.async_converse(
+        hass, "blorp the flibber", done.conversation_id, context, agent_id=agent
+    )
+    assert failed.response.response_type is intent.IntentResponseType.ERROR
+    assert failed.response.speech["plain"]["speech"]  # still spoken
