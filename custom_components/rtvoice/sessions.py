@@ -158,7 +158,6 @@ class _Input:
 
     text: str
     ticket: Ticket
-    emitted: bool = False  # an output delta of its round has been seen
 
 
 @dataclass
@@ -828,8 +827,6 @@ class SessionManager:
         return turn
 
     def _on_delta(self, session: _Session, delta: str) -> None:
-        if session.last_input is not None:
-            session.last_input.emitted = True
         if (turn := self._current_turn(session)) is not None:
             turn.queue.put_nowait(delta)
 
