@@ -16,6 +16,10 @@ This module pays that cost once:
 - ``WakeWordEngine.open_stream()`` gives every audio stream its own TFLite instances
   with that state copied in (about a millisecond), so concurrent streams share
   nothing and none pays the warm-up again.
+- The library lets TensorFlow Lite pick its thread count, and TFLite's worker
+  threads spin: measured, twice the CPU of one thread for the same audio. Each
+  interpreter is rebuilt with one thread (a stream is ~35 ms of CPU per second of
+  audio that way); streams run in parallel on the executor's threads instead.
 - ``WakeWordStream.feed()`` takes chunks of any size (odd byte counts included) and
   buffers them into the 80 ms frames the models want; ``process()`` runs the models
   over the complete frames. ``process()`` and ``close()`` block (model work): call
@@ -30,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 import copy
+import ctypes
 from dataclasses import dataclass
 import importlib
 import logging
@@ -53,6 +58,29 @@ DEFAULT_THRESHOLD: Final = 0.5  # openWakeWord's own default
 # State the library leaves after the warm-up: plain attributes of its objects.
 _FEATURE_STATE: Final = ("audio", "new_audio_samples", "mels", "new_mels")
 _MODEL_STATE: Final = ("embeddings", "new_embeddings")
+
+# Interpreters of the library's objects: (interpreter, model, input tensor, output
+# tensor, input shape to resize to or None). Shapes as pyopen-wakeword 1.x sets them.
+_FEATURE_INTERPRETERS: Final = (
+    (
+        "mel_interpreter",
+        "mel_model",
+        "mel_input_tensor",
+        "mel_output_tensor",
+        (1, 1760),
+    ),
+    (
+        "emb_interpreter",
+        "emb_model",
+        "emb_input_tensor",
+        "emb_output_tensor",
+        (1, 76, 32, 1),
+    ),
+)
+_MODEL_INTERPRETERS: Final = (
+    ("interpreter", "model", "input_tensor", "output_tensor", None),
+)
+TFLITE_THREADS: Final = 1
 
 
 @dataclass(frozen=True)
@@ -103,6 +131,62 @@ def load_backend() -> ModuleType:
         ) from err
 
 
+def _single_threaded(
+    obj: Any, interpreters: Sequence[tuple[str, str, str, str, tuple[int, ...] | None]]
+) -> bool:
+    """Rebuild the interpreters of a library object with ``TFLITE_THREADS`` threads.
+
+    Returns False (object untouched) when the library lacks what this needs.
+    """
+    lib = getattr(obj, "lib", None)
+    names = [name for spec in interpreters for name in spec[:4]]
+    if lib is None or not all(hasattr(obj, name) for name in names):
+        return False
+    try:
+        create_options = lib.TfLiteInterpreterOptionsCreate
+        set_threads = lib.TfLiteInterpreterOptionsSetNumThreads
+        delete_options = lib.TfLiteInterpreterOptionsDelete
+    except AttributeError:
+        return False
+    create_options.restype = ctypes.c_void_p
+    set_threads.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    delete_options.argtypes = [ctypes.c_void_p]
+    options = create_options()
+    set_threads(options, TFLITE_THREADS)
+    try:
+        for (
+            interpreter_name,
+            model_name,
+            input_name,
+            output_name,
+            shape,
+        ) in interpreters:
+            interpreter = lib.TfLiteInterpreterCreate(getattr(obj, model_name), options)
+            if not interpreter:
+                raise OSError("TfLiteInterpreterCreate failed")
+            if shape is not None:
+                dims = (ctypes.c_int32 * len(shape))(*shape)
+                lib.TfLiteInterpreterResizeInputTensor(
+                    interpreter, ctypes.c_int32(0), dims, ctypes.c_int32(len(shape))
+                )
+            lib.TfLiteInterpreterAllocateTensors(interpreter)
+            lib.TfLiteInterpreterDelete(getattr(obj, interpreter_name))
+            setattr(obj, interpreter_name, interpreter)
+            setattr(
+                obj,
+                input_name,
+                lib.TfLiteInterpreterGetInputTensor(interpreter, ctypes.c_int32(0)),
+            )
+            setattr(
+                obj,
+                output_name,
+                lib.TfLiteInterpreterGetOutputTensor(interpreter, ctypes.c_int32(0)),
+            )
+    finally:
+        delete_options(options)
+    return True
+
+
 def _snapshot(obj: Any, names: Sequence[str]) -> dict[str, Any] | None:
     """Copy the named attributes of ``obj``; None when the library lacks one."""
     if not all(hasattr(obj, name) for name in names):
@@ -142,6 +226,7 @@ class WakeWordEngine:
         self._backend: ModuleType | None = None
         self._feature_state: dict[str, Any] | None = None
         self._model_states: dict[str, dict[str, Any] | None] = {}
+        self._single = False  # interpreters rebuilt with TFLITE_THREADS threads
 
     @property
     def models(self) -> list[WakeWordModel]:
@@ -162,12 +247,16 @@ class WakeWordEngine:
         backend = load_backend()
         try:
             features = backend.OpenWakeWordFeatures.from_builtin()
+            self._single = _single_threaded(features, _FEATURE_INTERPRETERS)
             embeddings = list(features.process_streaming(bytes(FRAME_BYTES)))
             feature_state = _snapshot(features, _FEATURE_STATE)
             features.close()
             model_states: dict[str, dict[str, Any] | None] = {}
             for model_id in self.model_ids:
                 model = backend.OpenWakeWord.from_builtin(backend.Model(model_id))
+                self._single = self._single and _single_threaded(
+                    model, _MODEL_INTERPRETERS
+                )
                 for embedding in embeddings:
                     for _ in model.process_streaming(embedding):
                         pass
@@ -179,6 +268,10 @@ class WakeWordEngine:
             raise WakeWordUnavailableError(
                 f"pyopen-wakeword cannot run on this system ({err})"
             ) from err
+        if not self._single:
+            _LOGGER.info(
+                "pyopen-wakeword interpreters keep TensorFlow Lite's default threads"
+            )
         if feature_state is None or None in model_states.values():
             _LOGGER.warning(
                 "This pyopen-wakeword version keeps its state elsewhere; every"
@@ -202,10 +295,14 @@ class WakeWordEngine:
         if unknown or not ids:
             raise ValueError(f"not a model of this engine: {unknown or ids}")
         features = backend.OpenWakeWordFeatures.from_builtin()
+        if self._single:
+            _single_threaded(features, _FEATURE_INTERPRETERS)
         _restore(features, self._feature_state)
         models: list[tuple[str, Any]] = []
         for model_id in ids:
             model = backend.OpenWakeWord.from_builtin(backend.Model(model_id))
+            if self._single:
+                _single_threaded(model, _MODEL_INTERPRETERS)
             _restore(model, self._model_states.get(model_id))
             models.append((model_id, model))
         return WakeWordStream(features, models, self.threshold)
