@@ -250,3 +250,25 @@ def test_library_that_cannot_load_says_so(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(WakeWordUnavailableError, match="cannot run on this system"):
         engine.warm_up()
     assert not engine.warm
+
+
+def test_later_engines_reuse_the_warm_state(
+    engine: WakeWordEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second engine (another entry, a reload) runs no warm-up models."""
+    backend = wakeword.load_backend()
+    built: list[str] = []
+    real = backend.OpenWakeWordFeatures.from_builtin
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        built.append("features")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend.OpenWakeWordFeatures, "from_builtin", spy)
+    again = WakeWordEngine()
+    again.warm_up()
+    assert built == []
+    detection = _detect(again.open_stream(), speak("hey jarvis"))
+    assert built == ["features"]  # the stream's own instance
+    assert detection is not None
+    assert detection.model_id == "hey_jarvis"

@@ -82,6 +82,13 @@ _MODEL_INTERPRETERS: Final = (
 )
 TFLITE_THREADS: Final = 1
 
+# Warmed state per (library module, models): the same for every engine, so entries,
+# reloads and tests of one process warm up once. Values are only read.
+_WARM_CACHE: dict[
+    tuple[int, tuple[str, ...]],
+    tuple[dict[str, Any] | None, dict[str, dict[str, Any] | None], bool],
+] = {}
+
 
 @dataclass(frozen=True)
 class WakeWordModel:
@@ -241,10 +248,16 @@ class WakeWordEngine:
     def warm_up(self) -> None:
         """Load the library and models, run the silence once, keep the state.
 
-        Blocking (~0.5 s of CPU): run it in a worker thread. Raises
+        Blocking (~0.5 s of CPU the first time in a process; later engines with the
+        same models reuse the state): run it in a worker thread. Raises
         ``WakeWordUnavailableError`` when the library is missing or cannot load.
         """
         backend = load_backend()
+        key = (id(backend), self.model_ids)
+        if (cached := _WARM_CACHE.get(key)) is not None:
+            self._feature_state, self._model_states, self._single = cached
+            self._backend = backend
+            return
         try:
             features = backend.OpenWakeWordFeatures.from_builtin()
             self._single = _single_threaded(features, _FEATURE_INTERPRETERS)
@@ -280,6 +293,7 @@ class WakeWordEngine:
         self._feature_state = feature_state
         self._model_states = model_states
         self._backend = backend
+        _WARM_CACHE[key] = (feature_state, model_states, self._single)
 
     def open_stream(self, model_ids: Iterable[str] | None = None) -> WakeWordStream:
         """Return a new stream detecting ``model_ids`` (default: all of them).
