@@ -22,6 +22,7 @@ repair issue say why and what to do.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable
 import importlib
 import logging
@@ -174,9 +175,13 @@ class OpenWakeWordEntity(RtVoiceEntity, wake_word.WakeWordDetectionEntity):
                 f" it offers {', '.join(self._engine.model_ids)}"
             )
         model_ids = None if wake_word_id is None else [wake_word_id]
-        detector: WakeWordStream = await self.hass.async_add_executor_job(
-            self._engine.open_stream, model_ids
-        )
+        opening = self.hass.async_add_executor_job(self._engine.open_stream, model_ids)
+        try:
+            detector: WakeWordStream = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # The worker still opens it: close what it opens.
+            opening.add_done_callback(self._close_opened)
+            raise
         try:
             async for chunk, timestamp_ms in stream:
                 if not detector.feed(chunk, timestamp_ms):
@@ -193,3 +198,9 @@ class OpenWakeWordEntity(RtVoiceEntity, wake_word.WakeWordDetectionEntity):
             # Not awaited: the caller may be cancelled here. close() waits in its
             # worker for a process() that a cancelled caller left running.
             self.hass.async_add_executor_job(detector.close)
+
+    @callback
+    def _close_opened(self, opening: asyncio.Future[WakeWordStream]) -> None:
+        """Close a stream whose caller was cancelled while it was being opened."""
+        if not opening.cancelled() and opening.exception() is None:
+            self.hass.async_add_executor_job(opening.result().close)

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 import logging
 import sys
+import threading
 from typing import Any
 from unittest.mock import patch
 
@@ -185,6 +186,38 @@ async def test_cancelled_caller_closes_the_stream(hass: HomeAssistant) -> None:
     assert stream.audio_ms == 960  # every complete 80 ms frame was processed
     stream.feed(speak("hey jarvis"))
     assert stream.process() is None  # closed: it hears nothing any more
+
+
+async def test_caller_cancelled_while_opening_closes_the_stream(
+    hass: HomeAssistant,
+) -> None:
+    """Cancelled while the worker opens the detector: what it opens is closed."""
+    entity = await _entity(hass)
+    entered, release = threading.Event(), threading.Event()
+    opened: list[Any] = []
+    real_open = WakeWordEngine.open_stream
+
+    def slow_open(engine: WakeWordEngine, model_ids: Any = None) -> Any:
+        entered.set()
+        release.wait()
+        stream = real_open(engine, model_ids)
+        opened.append(stream)
+        return stream
+
+    with patch.object(WakeWordEngine, "open_stream", slow_open):
+        task = hass.async_create_task(
+            entity.async_process_audio_stream(_chunks(silence(500)), None)
+        )
+        await hass.async_add_executor_job(entered.wait)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        # The close is scheduled from the open's done-callback: outside any task.
+        await hass.async_block_till_done(wait_background_tasks=True)
+    (stream,) = opened
+    stream.feed(speak("hey jarvis"))
+    assert stream.process() is None  # closed
 
 
 async def test_unload_removes_the_entity(hass: HomeAssistant) -> None:
