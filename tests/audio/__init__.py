@@ -1,0 +1,1 @@
+"""Tests of the HA-free audio logic (no Home Assistant needed)."""
