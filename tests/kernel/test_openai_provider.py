@@ -537,8 +537,10 @@ async def test_kernel_barge_ins_through_http(peer: OpenAIPeer) -> None:
         await kernel.stop_all()
         await provider.close()
 
-    # Requests 1 and 2 completed (a kept-alive connection), 3 to 7 were cut.
-    assert provider.hung_up_before_next == [False, False, *[True] * 5]
+    # Requests 1 and 2 completed (whether their connection is kept alive depends on
+    # the openai release), 3 to 7 were cut.
+    assert len(provider.hung_up_before_next) == 7
+    assert provider.hung_up_before_next[2:] == [True] * 5
     assert all(record.disconnected.is_set() for record in peer.requests[2:-1])
     last = peer.requests[-1].messages
     assert [m["role"] for m in last[:6]] == [
