@@ -478,6 +478,8 @@ async def main(args: argparse.Namespace) -> None:
         gc.collect()
         rows.append(await bench_build(200, args.build_rounds // 10, args.build_rounds))
     print(f"rtvoice kernel benchmark — {time.strftime('%Y-%m-%d')} — {machine()}")
+    if not rows:
+        return
     width = max(len(r.name) for r in rows)
     print(f"{'benchmark'.ljust(width)} | measured | target")
     for row in rows:
