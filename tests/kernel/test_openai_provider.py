@@ -10,8 +10,15 @@ import socket
 import sys
 from typing import Any
 
+import openai
 import pytest
 
+from custom_components.rtvoice.kernel import (
+    ChannelDef,
+    ChannelRegistry,
+    ChildOptions,
+    Kernel,
+)
 from custom_components.rtvoice.kernel.openai_provider import (
     PLACEHOLDER_API_KEY,
     OpenAIChatProvider,
@@ -20,6 +27,9 @@ from custom_components.rtvoice.kernel.openai_provider import (
     ProviderError,
     ProviderModelNotFoundError,
     ToolCallAssembler,
+    build_request_body,
+    message_to_openai,
+    tool_to_openai,
 )
 from custom_components.rtvoice.kernel.types import Delta, Message, ToolCall, ToolSpec
 from tests.peers.openai_server import (
@@ -266,6 +276,147 @@ async def test_messages_and_tools_are_sent_in_openai_shape(
     assert "tools" not in without_tools.body
 
 
+def shapes() -> tuple[list[Message], list[ToolSpec]]:
+    """Every message and tool shape the kernel sends."""
+    messages = [
+        Message(role="system", content="You are terse.\nSections: ..."),
+        Message(role="user", content="Küche an, bitte 🙂"),
+        Message(
+            role="assistant",
+            tool_calls=[
+                ToolCall("call_1", "HassTurnOn", {"area": "Küche", "level": [1, 2.5]}),
+                ToolCall("call_2", "GetLiveContext", {}),
+            ],
+        ),
+        Message(role="tool", content='{"success": true}', tool_call_id="call_1"),
+        Message(role="tool", content="", tool_call_id="call_2"),
+        Message(
+            role="assistant",
+            content="One moment.",
+            tool_calls=[ToolCall("call_3", "HassLightSet", {"brightness": 50})],
+        ),
+        Message(role="tool", content="null", tool_call_id="call_3"),
+        Message(role="assistant", content="Done, it is no", interrupted=True),
+        Message(role="user", content="thanks"),
+        Message(role="assistant", content=""),
+    ]
+    tools = [
+        ToolSpec(
+            name="HassTurnOn",
+            description="Turns on/opens a device or entity",
+            parameters={
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "domain": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": [],
+            },
+        ),
+        ToolSpec(name="GetLiveContext", description="", parameters={}),
+    ]
+    return messages, tools
+
+
+@pytest.mark.parametrize("temperature", [None, 0.25])
+@pytest.mark.parametrize("with_tools", [True, False])
+async def test_request_body_equals_the_typed_sdk_path(
+    peer: OpenAIPeer, temperature: float | None, with_tools: bool
+) -> None:
+    """What the provider sends is what ``chat.completions.create`` sends.
+
+    The same request goes out twice, through the SDK's typed path (which transforms
+    the params through its TypedDicts) and through the provider; the peer records
+    both bodies, which must be equal JSON, for this installed openai release.
+    """
+    messages, tools = shapes()
+    if not with_tools:
+        tools = []
+    typed: dict[str, Any] = {
+        "model": DEFAULT_MODEL,
+        "messages": [message_to_openai(m) for m in messages],
+        "stream": True,
+    }
+    if tools:
+        typed["tools"] = [tool_to_openai(t) for t in tools]
+    if temperature is not None:
+        typed["temperature"] = temperature
+    client = openai.AsyncOpenAI(
+        base_url=peer.base_url, api_key=PLACEHOLDER_API_KEY, max_retries=0
+    )
+    try:
+        async for _chunk in await client.chat.completions.create(**typed):
+            pass
+    finally:
+        await client.close()
+    chat = OpenAIChatProvider(
+        base_url=peer.base_url,
+        api_key=None,
+        model=DEFAULT_MODEL,
+        temperature=temperature,
+        timeout=SAFETY_TIMEOUT,
+    )
+    try:
+        await collect(chat, messages, tools)
+        await collect(chat, messages, tools)  # second time from the cache
+    finally:
+        await chat.close()
+
+    sdk_request, ours, ours_cached = peer.requests
+    assert ours.body == sdk_request.body
+    assert ours_cached.body == sdk_request.body
+    assert ours.headers["Authorization"] == sdk_request.headers["Authorization"]
+    assert ours.headers["Content-Type"] == sdk_request.headers["Content-Type"]
+    assert ("tools" in ours.body) is with_tools
+    assert ("temperature" in ours.body) is (temperature is not None)
+
+
+def test_wire_dicts_are_cached_per_message() -> None:
+    """An unchanged message is converted once; its dict is reused by identity."""
+    messages, tools = shapes()
+    first = build_request_body("m", messages, tools)
+    second = build_request_body("m", messages, tools)
+    assert first == second
+    assert all(
+        a is b for a, b in zip(first["messages"], second["messages"], strict=True)
+    )
+    assert first["messages"] == [message_to_openai(m) for m in messages]
+    # An equal message that is another object converts on its own.
+    copied = Message(role="user", content="Küche an, bitte 🙂")
+    assert build_request_body("m", [copied], [])["messages"] == [first["messages"][1]]
+
+
+def test_an_edited_message_is_not_served_stale() -> None:
+    """Messages are mutable dataclasses: every edit invalidates the cached dict."""
+    call = ToolCall("call_1", "HassTurnOn", {"name": "kitchen", "area": {"floor": 1}})
+    message = Message(role="assistant", content="On it.", tool_calls=[call])
+    tool = Message(role="tool", content="ok", tool_call_id="call_1")
+    history = [message, tool]
+
+    def sent() -> list[dict[str, Any]]:
+        wire: list[dict[str, Any]] = build_request_body("m", history, [])["messages"]
+        assert wire == [message_to_openai(m) for m in history]
+        return wire
+
+    sent()
+    message.content = "Right away."
+    assert sent()[0]["content"] == "Right away."
+    call.arguments["area"]["floor"] = 2  # nested, in place
+    assert '"floor": 2' in sent()[0]["tool_calls"][0]["function"]["arguments"]
+    call.name = "HassTurnOff"
+    assert sent()[0]["tool_calls"][0]["function"]["name"] == "HassTurnOff"
+    message.tool_calls.append(ToolCall("call_2", "GetLiveContext", {}))
+    assert len(sent()[0]["tool_calls"]) == 2
+    message.tool_calls = None
+    assert "tool_calls" not in sent()[0]
+    message.role = "user"
+    assert sent()[0]["role"] == "user"
+    tool.tool_call_id = "call_9"
+    assert sent()[1]["tool_call_id"] == "call_9"
+    tool.content = "done"
+    assert sent()[1]["content"] == "done"
+
+
 @pytest.fixture
 async def peer_provider_with_temperature(
     peer: OpenAIPeer,
@@ -297,6 +448,116 @@ async def test_aclose_mid_stream_hangs_up(
     record = peer.requests[0]
     await asyncio.wait_for(record.disconnected.wait(), SAFETY_TIMEOUT)
     assert not record.completed
+
+
+async def test_aclose_returns_after_the_hang_up_reached_the_server(
+    peer: OpenAIPeer, provider: OpenAIChatProvider
+) -> None:
+    """When ``aclose`` returns, the server's socket already has the hang-up.
+
+    So nothing the caller does next (building the next request) delays it.
+    """
+    peer.enqueue(Text("Once upon"), WaitFor(asyncio.Event()))
+    stream = provider.stream(USER_HI, [])
+    assert await asyncio.wait_for(anext(stream), SAFETY_TIMEOUT) == Delta("Once upon")
+    record = peer.requests[0]
+    assert not record.hang_up_arrived()
+    await stream.aclose()
+    assert record.hang_up_arrived()
+
+
+class _CheckingProvider(OpenAIChatProvider):
+    """Notes, when each request is started, whether the previous one was hung up."""
+
+    def __init__(self, peer: OpenAIPeer, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.peer = peer
+        self.hung_up_before_next: list[bool] = []
+
+    def stream(  # type: ignore[override]
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> AsyncGenerator[Delta]:
+        if self.peer.requests:
+            self.hung_up_before_next.append(self.peer.requests[-1].hang_up_arrived())
+        return super().stream(messages, tools)
+
+
+async def test_kernel_barge_ins_through_http(peer: OpenAIPeer) -> None:
+    """Kernel + provider + peer: each barge-in hangs up before the next request.
+
+    Every request carries the whole grown history (with a tool group), and the
+    previous response's connection is closed before the next one is even built.
+    """
+    never = asyncio.Event()
+    peer.enqueue(ScriptedToolCall("call_1", "get_time", "{}"))
+    peer.enqueue(Text("It is noon"), Text(", and"))  # completes
+    peer.default_reply(Text("Well"), WaitFor(never))
+    provider = _CheckingProvider(
+        peer, base_url=peer.base_url, api_key=None, model=DEFAULT_MODEL
+    )
+
+    class Clock:
+        def specs(self) -> list[ToolSpec]:
+            return [ToolSpec("get_time", "Tell the time", {})]
+
+        async def call(self, call: ToolCall) -> str:
+            return '"12:00"'
+
+    channels = ChannelRegistry()
+    kernel = Kernel(provider, channels, tools=Clock())
+    deltas: list[str] = []
+    got_delta = asyncio.Event()
+
+    def on_delta(text: str) -> None:
+        deltas.append(text)
+        got_delta.set()
+
+    realtime = ChannelDef(realtime=True)
+    channels.register_input("c:in", realtime)
+    channels.register_output("c:out", on_delta, definition=realtime)
+    await kernel.spawn(ChildOptions("c", "c:in", "c:out"))
+    try:
+        first = await asyncio.wait_for(
+            kernel.push("c", "what time is it").outcome, SAFETY_TIMEOUT
+        )
+        assert first.status == "completed"
+        assert first.text == "It is noon, and"
+        tickets = []
+        for trial in range(5):
+            got_delta.clear()
+            tickets.append(kernel.push("c", f"input {trial}"))
+            await asyncio.wait_for(got_delta.wait(), SAFETY_TIMEOUT)
+        got_delta.clear()
+        tickets.append(kernel.push("c", "last"))
+        await asyncio.wait_for(got_delta.wait(), SAFETY_TIMEOUT)
+        for ticket in tickets[:-1]:
+            outcome = await asyncio.wait_for(ticket.outcome, SAFETY_TIMEOUT)
+            assert outcome.status == "interrupted"
+    finally:
+        await kernel.stop_all()
+        await provider.close()
+
+    # Requests 1 and 2 completed (whether their connection is kept alive depends on
+    # the openai release), 3 to 7 were cut.
+    assert len(provider.hung_up_before_next) == 7
+    assert provider.hung_up_before_next[2:] == [True] * 5
+    assert all(record.disconnected.is_set() for record in peer.requests[2:-1])
+    last = peer.requests[-1].messages
+    assert [m["role"] for m in last[:6]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
+    assert last[2]["tool_calls"][0]["function"]["name"] == "get_time"
+    assert last[3] == {"role": "tool", "tool_call_id": "call_1", "content": '"12:00"'}
+    assert last[-2:] == [
+        {"role": "assistant", "content": "Well"},
+        {"role": "user", "content": "last"},
+    ]
+    assert len(last) == 6 + 2 * 5
 
 
 async def test_cancelling_the_consumer_hangs_up(

@@ -46,6 +46,8 @@ from collections import deque
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 import json
+import os
+import socket
 import time
 from types import TracebackType
 from typing import Any, Self
@@ -140,6 +142,33 @@ class RecordedRequest:
     """Set when the client hung up before the response was complete."""
     dropped_by_peer: bool = False
     """True when a ``Drop`` step closed the connection (not a client hang-up)."""
+    transport: asyncio.BaseTransport | None = field(
+        default=None, repr=False, compare=False
+    )
+    """The server side of the request's connection (for ``hang_up_arrived``)."""
+
+    def hang_up_arrived(self) -> bool:
+        """Whether the client's hang-up has already reached the server's socket.
+
+        Checked at once, without running the event loop: True when the handler has
+        seen it, or when an end-of-stream or a reset waits in the server-side socket
+        (peeked, nothing is consumed). So a test can tell that a client closed its
+        connection before it went on, not merely that it would close it soon.
+        """
+        if self.disconnected.is_set():
+            return True
+        transport = self.transport
+        raw = transport.get_extra_info("socket") if transport is not None else None
+        if raw is None or raw.fileno() < 0:
+            return False
+        with socket.socket(fileno=os.dup(raw.fileno())) as probe:
+            try:
+                pending = probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            except ConnectionResetError:
+                return True
+        return pending == b""
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -567,7 +596,10 @@ class OpenAIPeer:
         """``POST /v1/chat/completions``: record, check, then play a script."""
         body = await request.json()
         record = RecordedRequest(
-            body=body, headers=dict(request.headers), received_at=time.perf_counter()
+            body=body,
+            headers=dict(request.headers),
+            received_at=time.perf_counter(),
+            transport=request.transport,
         )
         self.requests.append(record)
         assert self._request_arrived is not None

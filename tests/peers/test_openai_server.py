@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 import json
+import socket
 from typing import Any
 
 import httpx
@@ -219,6 +220,25 @@ async def test_client_hangup_is_seen_during_a_pause(
     assert record.disconnected_at is not None
     assert record.disconnected_at >= record.received_at
     assert not record.completed
+
+
+async def test_hang_up_arrived_is_checked_without_the_loop(peer: OpenAIPeer) -> None:
+    """``hang_up_arrived`` sees a closed client socket before the handler does."""
+    peer.enqueue(Text("first"), WaitFor(asyncio.Event()))
+    reader, writer = await send_raw_chat(peer, chat_body())
+    await asyncio.wait_for(reader.readuntil(b'"first"'), SAFETY_TIMEOUT)
+    record = peer.requests[0]
+    assert not record.hang_up_arrived()
+    raw = writer.get_extra_info("socket")
+    # Shut the client side down directly: no event-loop iteration runs before the
+    # check, so only the server's socket can tell.
+    raw.shutdown(socket.SHUT_WR)
+    assert not record.disconnected.is_set()
+    assert record.hang_up_arrived()
+    writer.close()
+    await writer.wait_closed()
+    await asyncio.wait_for(record.disconnected.wait(), SAFETY_TIMEOUT)
+    assert record.hang_up_arrived()
 
 
 async def test_hangup_before_headers_is_seen(

@@ -5,13 +5,24 @@ deltas are passed on as they arrive; streamed tool-call fragments are assembled 
 whole calls and handed over in one ``Delta`` when the answer is finished. Closing the
 iterator closes the HTTP response at once, so the server stops generating.
 
+The request body is built here as JSON-ready dicts and sent through the client's
+public low-level ``post`` (the SDK still does HTTP, errors, SSE parsing and the
+stream classes). The SDK's typed ``chat.completions.create`` would walk every message
+through its TypedDict annotations on every request, a cost that grows with the
+history (about 0.25 ms per message with openai 1.68.2), all on the event loop. Each
+message's wire dict is cached on the message and checked against its fields, so a
+request costs a list of cached dicts plus the new tail. The body is the same as the
+typed path's (``tests/kernel/test_openai_provider.py`` compares them).
+
 Every failure surfaces as a ``ProviderError`` subclass with a short message that never
 contains the API key.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
+import copy
 from dataclasses import dataclass, field
 import json
 import logging
@@ -20,6 +31,7 @@ import uuid
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .errors import KernelError
 from .types import Delta, Message, ToolCall, ToolSpec
@@ -34,6 +46,7 @@ __all__ = [
     "ProviderError",
     "ProviderModelNotFoundError",
     "ToolCallAssembler",
+    "build_request_body",
     "message_to_openai",
     "tool_to_openai",
 ]
@@ -110,18 +123,17 @@ class OpenAIChatProvider:
         tools) one ``Delta`` with all complete tool calls. ``aclose`` or cancellation
         closes the HTTP response immediately.
         """
-        request: dict[str, Any] = {
-            "model": self._model,
-            "messages": [message_to_openai(message) for message in messages],
-            "stream": True,
-        }
-        if tools:
-            request["tools"] = [tool_to_openai(tool) for tool in tools]
-        if self._temperature is not None:
-            request["temperature"] = self._temperature
-
+        body = build_request_body(
+            self._model, messages, tools, temperature=self._temperature
+        )
         try:
-            response_stream = await self._client.chat.completions.create(**request)
+            response_stream = await self._client.post(
+                "/chat/completions",
+                body=body,
+                cast_to=ChatCompletion,
+                stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )
         except (openai.OpenAIError, httpx.HTTPError) as err:
             raise self._translate(err) from err
 
@@ -254,6 +266,10 @@ async def _release(response_stream: openai.AsyncStream[Any]) -> None:
     would finalise it at some random later moment, spawning a dozen ``aclose``
     tasks wherever the event loop happens to be. Resuming it on the closed response
     ends it right here with a read error instead.
+
+    Last, one loop iteration: asyncio closes a transport's socket in a callback
+    scheduled with ``call_soon``, and it must run before the caller (the kernel)
+    does any work for its next request, so the hang-up never waits behind it.
     """
     try:
         await response_stream.close()
@@ -266,6 +282,69 @@ async def _release(response_stream: openai.AsyncStream[Any]) -> None:
         pass
     except Exception as err:  # noqa: BLE001 - expected: the response is closed
         _LOGGER.debug("Model response parser ended with %r", err)
+    await asyncio.sleep(0)
+
+
+def build_request_body(
+    model: str,
+    messages: list[Message],
+    tools: list[ToolSpec],
+    *,
+    temperature: float | None = None,
+) -> dict[str, Any]:
+    """Build the JSON body of a streamed Chat Completions request.
+
+    The same body the SDK's typed ``chat.completions.create(model=..., messages=...,
+    stream=True, tools=..., temperature=...)`` sends, with the keys in its order
+    (openai 1.x), at the cost of one cached dict per message.
+    """
+    body: dict[str, Any] = {
+        "messages": [_wire_message(message) for message in messages],
+        "model": model,
+        "stream": True,
+    }
+    if temperature is not None:
+        body["temperature"] = temperature
+    if tools:
+        body["tools"] = [tool_to_openai(tool) for tool in tools]
+    return body
+
+
+# Attribute under which a message keeps its wire dict (next to context.py's token
+# cache): the cache lives and dies with the message, so nothing needs evicting.
+_WIRE_CACHE = "_openai_wire_cache"
+
+
+def _wire_key(message: Message) -> tuple[Any, ...]:
+    """Return what a message's wire dict depends on (arguments compared deeply)."""
+    calls = message.tool_calls
+    return (
+        message.role,
+        message.content,
+        message.tool_call_id,
+        tuple((call.id, call.name, call.arguments) for call in calls)
+        if calls
+        else None,
+    )
+
+
+def _wire_message(message: Message) -> dict[str, Any]:
+    """Return ``message_to_openai(message)``, cached on the message.
+
+    History messages are never edited once committed, but ``Message`` is a mutable
+    dataclass: the cache is only served while role, content, tool-call id and every
+    tool call (id, name and a deep copy of its arguments) still compare equal, so an
+    edited message is converted again instead of being sent stale. Unchanged fields
+    are the same objects, so the check is mostly identity tests.
+    """
+    key = _wire_key(message)
+    cached = message.__dict__.get(_WIRE_CACHE)
+    if cached is not None and cached[0] == key:
+        return cached[1]  # type: ignore[no-any-return]
+    wire = message_to_openai(message)
+    # The snapshot must not share the argument dicts it is compared with.
+    message.__dict__[_WIRE_CACHE] = (copy.deepcopy(key), wire)
+    return wire
 
 
 def message_to_openai(message: Message) -> dict[str, Any]:
