@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 import json
 import logging
 import re
@@ -69,6 +68,7 @@ from .kernel.openai_provider import (
     ProviderModelNotFoundError,
 )
 from .tools import HaToolRunner, ToolResultHook, error_text, report_tool_result
+from .turn import TurnContext
 
 if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
@@ -101,17 +101,6 @@ BUILTIN_AGENT_IDS = frozenset(
 SPEECH_PIECE_CHARS = 24
 _SENTENCE_END = re.compile(r"[.!?…。！？]+[\"')\]]*$")
 _WORD = re.compile(r"\S+\s*")
-
-
-@dataclass
-class TurnContext:
-    """What HA told us about the current turn of a session."""
-
-    context: Context  # homeassistant.core.Context of the caller
-    language: str
-    device_id: str | None = None
-    satellite_id: str | None = None  # assist_satellite entity id, if known
-    conversation_id: str | None = None  # the session id (= kernel child id)
 
 
 class _Turns:

@@ -58,7 +58,7 @@ from homeassistant.helpers.event import async_call_later
 from homeassistant.util.ulid import ulid_now
 
 from . import compat
-from .brain import Brain, TurnContext
+from .brain import Brain
 from .const import (
     BRAIN_HA_AGENT,
     CONF_API_KEY,
@@ -89,6 +89,7 @@ from .kernel import (
     ToolCall,
 )
 from .satellites import SatelliteDirectory, channel_names
+from .turn import TurnContext
 
 if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
@@ -180,6 +181,7 @@ class _Session:
     input_channel: str
     output_channel: str
     adhoc: bool  # the channel pair was registered for this session
+    prompt_scope: str  # the satellite, else the session's own id
     ids: set[str] = field(default_factory=set)  # own id + aliases HA used
     adopt_new_id: bool = False  # the next unknown id on this key continues it
     last_input: _Input | None = None
@@ -332,6 +334,7 @@ class SessionManager:
                 device_id=user_input.device_id,
                 satellite_id=session.satellite,
                 conversation_id=session.id,
+                prompt_scope=session.prompt_scope,
             ),
         )
         await self._brain.async_prepare(session.id)
@@ -487,6 +490,7 @@ class SessionManager:
                 device_id=session.device_id,
                 satellite_id=satellite,
                 conversation_id=session.id,
+                prompt_scope=session.prompt_scope,
             ),
         )
         await self._brain.async_prepare(session.id)
@@ -622,6 +626,7 @@ class SessionManager:
             input_channel=input_channel,
             output_channel=output_channel,
             adhoc=adhoc,
+            prompt_scope=satellite or session_id,
             ids={session_id},
             adopt_new_id=adopt_new_id,
         )
@@ -644,7 +649,7 @@ class SessionManager:
                     system_prompt=system_prompt,
                     max_tool_turns=self._max_tool_turns,
                     context_window=self._context_window,
-                    prompt_scope=satellite,
+                    prompt_scope=session.prompt_scope,
                 )
             )
         except KernelError:  # pragma: no cover - the pair and id were checked above

@@ -25,7 +25,6 @@ from custom_components.rtvoice.brain import (
     Brain,
     HaAgentProvider,
     HaAgentToolRunner,
-    TurnContext,
     async_create_brain,
     delegated_conversation_id,
     split_speech,
@@ -55,7 +54,8 @@ from custom_components.rtvoice.kernel.openai_provider import (
     OpenAIChatProvider,
     ProviderError,
 )
-from custom_components.rtvoice.tools import API_PROMPT_SECTION, HaToolRunner
+from custom_components.rtvoice.tools import HaToolRunner, api_prompt_section
+from custom_components.rtvoice.turn import TurnContext
 from homeassistant.components import conversation
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import (
@@ -106,7 +106,9 @@ async def make_rig(brain: Brain, prompts: PromptRegistry, **turn: Any) -> Rig:
         f"{CHILD}:out", rig.deltas.append, definition=ChannelDef(realtime=True)
     )
     await kernel.spawn(
-        ChildOptions(id=CHILD, input=f"{CHILD}:in", output=f"{CHILD}:out")
+        ChildOptions(
+            id=CHILD, input=f"{CHILD}:in", output=f"{CHILD}:out", prompt_scope=CHILD
+        )
     )
     brain.on_tool_result = lambda *args: rig.tool_results.append(args)
     turn.setdefault("context", Context())
@@ -153,7 +155,7 @@ async def test_openai_brain_runs_a_round_with_assist_tools(
     names = [tool["function"]["name"] for tool in first.tools or []]
     (turn_off,) = [name for name in names if name.endswith("HassTurnOff")]
     assert first.body["temperature"] == 0.3
-    assert prompts.snapshot()[0].section == API_PROMPT_SECTION
+    assert prompts.snapshot()[0].section == api_prompt_section(CHILD)
     assert prompts.snapshot()[0].content in first.messages[0]["content"]
 
     openai_peer.enqueue(

@@ -22,8 +22,8 @@ import voluptuous as vol
 from voluptuous_openapi import UNSUPPORTED
 
 from custom_components.rtvoice import compat
-from custom_components.rtvoice.brain import TurnContext
 from custom_components.rtvoice.const import DOMAIN
+from custom_components.rtvoice.turn import TurnContext
 from homeassistant.components import conversation
 from homeassistant.components.conversation import ChatLog, ConversationInput
 from homeassistant.components.tts import ResultStream

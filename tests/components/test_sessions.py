@@ -44,7 +44,12 @@ from homeassistant.components.assist_pipeline.pipeline import (
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import STATE_ON
 from homeassistant.core import Context, HomeAssistant, callback
-from homeassistant.helpers import entity_registry as er, intent
+from homeassistant.helpers import (
+    area_registry as ar,
+    device_registry as dr,
+    entity_registry as er,
+    intent,
+)
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.util import dt as dt_util
 from tests.components.common import PEER_API_KEY
@@ -172,6 +177,62 @@ async def test_sessions_are_per_satellite_and_per_conversation(
         kitchen.conversation_id,
         hall.conversation_id,
     }
+
+
+async def test_each_conversation_is_told_only_its_own_area(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """HA's API prompt is per device: satellites never read each other's area.
+
+    The kitchen's turn is held inside a tool while the hall satellite prepares and
+    answers a turn; the kitchen's next request (after the tool) is still told the
+    kitchen. A conversation without a device is told no area at all.
+    """
+    hass = home.hass
+    slow = GatedBedLightOn()
+    intent.async_register(hass, slow)
+    areas = ar.async_get(hass)
+    devices = dr.async_get(hass)
+    kitchen_device = home.device_of(SATELLITE)
+    hall_device = home.device_of(QUIET_SATELLITE)
+    devices.async_update_device(
+        kitchen_device, area_id=areas.async_create("Scullery").id
+    )
+    devices.async_update_device(hall_device, area_id=areas.async_create("Foyer").id)
+    await async_setup_rtvoice(home, openai_peer)
+    first = await converse(home, "hello", device_id=kitchen_device)
+    slow_tool = tool_named(openai_peer.requests[0].tools, slow.intent_type)
+
+    openai_peer.enqueue(ToolCall("call_slow", slow_tool, "{}"))
+    kitchen_turn = hass.async_create_task(
+        converse(home, "bed light on", first.conversation_id, kitchen_device)
+    )
+    await wait(slow.started.wait())
+    openai_peer.enqueue(Text("Hello hall."))
+    assert speech(await converse(home, "hi", device_id=hall_device)) == "Hello hall."
+    openai_peer.enqueue(Text("Hello browser."))
+    assert speech(await converse(home, "hi")) == "Hello browser."
+    openai_peer.enqueue(Text("The bed light is on."))
+    slow.gate.set()
+    assert speech(await wait(kitchen_turn)) == "The bed light is on."
+
+    def system(number: int) -> str:
+        return str(openai_peer.requests[number].messages[0]["content"])
+
+    kitchen = [system(0), system(1), system(4)]
+    hall, browser = system(2), system(3)
+    for text in kitchen:
+        assert "You are in area Scullery" in text
+        assert "Foyer" not in text
+    assert "You are in area Foyer" in hall
+    assert "Scullery" not in hall
+    assert "You are in area" not in browser
+    # Each conversation's section goes with it.
+    await home.sessions.async_stop_conversation(first.conversation_id)
+    prompts = home.entry.runtime_data.prompts
+    assert not any(
+        "Scullery" in s.content and s.owner == "hass" for s in prompts.snapshot()
+    )
 
 
 async def test_device_without_satellite_is_its_own_key(

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import voluptuous as vol
 
-from custom_components.rtvoice.brain import TurnContext
 from custom_components.rtvoice.const import PROMPT_OWNER_HASS
 from custom_components.rtvoice.kernel import (
     ChannelDef,
@@ -34,9 +33,10 @@ from custom_components.rtvoice.kernel import (
 )
 from custom_components.rtvoice.tools import (
     API_PROMPT_ORDER,
-    API_PROMPT_SECTION,
     HaToolRunner,
+    api_prompt_section,
 )
+from custom_components.rtvoice.turn import TurnContext
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import entity_registry as er, llm
@@ -105,7 +105,12 @@ class Rig:
             f"{child_id}:out", lambda _: None, definition=ChannelDef(realtime=True)
         )
         await self.kernel.spawn(
-            ChildOptions(id=child_id, input=f"{child_id}:in", output=f"{child_id}:out")
+            ChildOptions(
+                id=child_id,
+                input=f"{child_id}:in",
+                output=f"{child_id}:out",
+                prompt_scope=child_id,
+            )
         )
 
     async def prepare(self, child_id: str = CHILD, **turn: Any) -> None:
@@ -153,12 +158,15 @@ async def test_specs_come_from_the_assist_api(rig: Rig) -> None:
     assert rig.runner.specs() == []
 
 
-async def test_api_prompt_is_a_global_section(rig: Rig) -> None:
-    """HA's API prompt is declared as the hass.llm_api section, global."""
-    (section,) = [s for s in rig.prompts.snapshot() if s.section == API_PROMPT_SECTION]
+async def test_api_prompt_is_a_section_of_the_conversation(rig: Rig) -> None:
+    """HA's API prompt is declared per conversation, in its prompt scope only."""
+    (section,) = [
+        s for s in rig.prompts.snapshot() if s.section == api_prompt_section(CHILD)
+    ]
     assert section.owner == PROMPT_OWNER_HASS
     assert section.order == API_PROMPT_ORDER
-    assert section.scope is None
+    assert section.scope == CHILD
+    assert rig.prompts.render("another.scope") == ""
     assert "Kitchen Lights" in section.content
     assert "Bed Light" not in section.content  # not exposed
 
@@ -258,13 +266,11 @@ async def test_call_after_forget_is_an_error_result(
 
 
 async def test_forget_drops_the_prepared_instance(rig: Rig) -> None:
-    """After forget the child has no tools; remove_prompt drops the section."""
+    """After forget the child has no tools and its API prompt is gone."""
     rig.runner.forget(CHILD)
     await rig.run()
     assert rig.model.offered[-1] == []
-
-    rig.runner.remove_prompt()
-    assert rig.prompts.render() == ""
+    assert rig.prompts.render(CHILD) == ""
 
 
 async def test_turn_device_reaches_the_api(rig: Rig, hass: HomeAssistant) -> None:
