@@ -188,7 +188,41 @@ class _Session:
     turn: _Turn | None = None
     turns_running: int = 0
     idle_unsub: CALLBACK_TYPE | None = None
-    closing: bool = False
+    close_task: asyncio.Task[int] | None = None  # set once: the one teardown
+
+    @property
+    def closing(self) -> bool:
+        """Whether the session's teardown has begun (it is out of every map)."""
+        return self.close_task is not None
+
+
+class _KeyLocks:
+    """One lock per routing key, alive while a caller holds or waits for it.
+
+    Routing a turn and starting a conversation serialise per satellite (or device,
+    or conversation id): closing one satellite's conversation may wait for a running
+    device action, and that must hold up no other satellite.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Hold the lock of ``key`` (cancellation while waiting is safe)."""
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
 
 def _spoken_result(
@@ -290,7 +324,7 @@ class SessionManager:
         self._by_alias: dict[str, _Session] = {}  # every id a session answers to
         self._by_key: dict[str, _Session] = {}  # satellite / device key
         self._satellite_of: dict[str, str | None] = {}  # also for closed ids
-        self._lock = asyncio.Lock()
+        self._locks = _KeyLocks()
         self._close_tasks: set[asyncio.Task[Any]] = set()
         self._announce_tasks: set[asyncio.Task[Any]] = set()
         self._unsubs: list[CALLBACK_TYPE] = []
@@ -313,7 +347,7 @@ class SessionManager:
         if present or (session := self._by_key.get(entity_id)) is None:
             return
         _LOGGER.debug("Satellite %s is gone; closing %s", entity_id, session.id)
-        self._close_later(session)
+        self._close(session)
 
     async def _on_hass_stop(self, _event: Event) -> None:
         self._stop_unsub = None  # a fired once-listener must not be removed again
@@ -325,7 +359,13 @@ class SessionManager:
         self, user_input: ConversationInput, chat_log: ChatLog, agent_id: str
     ) -> ConversationResult:
         """Answer one turn of a conversation (the conversation entity calls this)."""
-        session = await self._async_route(user_input, chat_log)
+        try:
+            session = await self._async_route(user_input, chat_log)
+        except asyncio.CancelledError:
+            # A barge-in before the push: the satellite's conversation goes on.
+            _satellite, key = self._route_key(user_input)
+            self._barged_in(self._by_key.get(key) if key is not None else None)
+            raise
         self._brain.set_turn(
             session.id,
             TurnContext(
@@ -337,7 +377,11 @@ class SessionManager:
                 prompt_scope=session.prompt_scope,
             ),
         )
-        await self._brain.async_prepare(session.id)
+        try:
+            await self._brain.async_prepare(session.id)
+        except asyncio.CancelledError:
+            self._barged_in(session)
+            raise
         ticket = self._push(session, user_input.text)
         turn = _Turn(ticket.seq, asyncio.Queue())
         turn.feeder = self._entry.async_create_background_task(
@@ -393,26 +437,38 @@ class SessionManager:
 
     def _caller_cancelled(self, session: _Session, ticket: Ticket) -> None:
         """HA cancelled the caller: take its input back (tools still complete)."""
-        session.adopt_new_id = True
+        self._barged_in(session)
         if ticket.outcome.done():
             return  # the answer was complete already: nothing to cut
         with contextlib.suppress(KernelError):  # closing: the close settles the ticket
             if self.kernel.withdraw(session.id, ticket.seq):
                 self._send_update(session)
 
-    async def _async_route(
-        self, user_input: ConversationInput, chat_log: ChatLog
-    ) -> _Session:
-        """Find or start the session of a turn (a new id on a satellite closes the old)."""
+    def _route_key(
+        self, user_input: ConversationInput
+    ) -> tuple[str | None, str | None]:
+        """Return the satellite of a turn and its routing key (None: by id only)."""
         satellite = compat.satellite_id(user_input)
         device_id = user_input.device_id
         if satellite is None and device_id and self._satellites is not None:
             satellite = self._satellites.entity_for_device(device_id)
-        key = satellite or (f"device:{device_id}" if device_id else None)
+        return satellite, satellite or (f"device:{device_id}" if device_id else None)
+
+    def _barged_in(self, session: _Session | None) -> None:
+        """HA cancelled a turn of the session: its next unknown id continues it."""
+        if session is not None and not session.closing:
+            session.adopt_new_id = True
+
+    async def _async_route(
+        self, user_input: ConversationInput, chat_log: ChatLog
+    ) -> _Session:
+        """Find or start the session of a turn (a new id on a satellite closes the old)."""
+        satellite, key = self._route_key(user_input)
+        device_id = user_input.device_id
         wanted = {
             i for i in (user_input.conversation_id, chat_log.conversation_id) if i
         }
-        async with self._lock:
+        async with self._locks.hold(key or f"id:{chat_log.conversation_id}"):
             if key is None:
                 for conversation_id in wanted:
                     if (session := self._by_alias.get(conversation_id)) is not None:
@@ -462,7 +518,7 @@ class SessionManager:
             raise UnknownSatelliteError(
                 f"unknown satellite {satellite!r} (known: {known or 'none'})"
             )
-        async with self._lock:
+        async with self._locks.hold(satellite or f"start:{ulid_now()}"):
             if satellite is not None and (old := self._by_key.get(satellite)):
                 await self._async_close(old)
             info = (
@@ -673,12 +729,21 @@ class SessionManager:
         return session
 
     async def _async_close(self, session: _Session) -> int:
-        """Close a session: stop its child, hand off its transcript, free its pair.
+        """Close a session and wait for it; the number of messages handed off.
 
-        Only sessions found in the maps are closed, and closing takes them out first,
-        so a session is closed exactly once.
+        Every caller awaits the same teardown; a cancelled caller stops waiting but
+        the teardown still completes (it is a task of the entry).
         """
-        session.closing = True
+        return await asyncio.shield(self._close(session))
+
+    def _close(self, session: _Session) -> asyncio.Task[int]:
+        """Start the session's teardown (once) and return it.
+
+        The session leaves every map right here, synchronously, so a turn routed
+        meanwhile starts a new conversation instead of finding a closing one.
+        """
+        if session.close_task is not None:
+            return session.close_task
         self._cancel_idle(session)
         self._sessions.pop(session.id, None)
         for alias in session.ids:
@@ -686,6 +751,14 @@ class SessionManager:
                 del self._by_alias[alias]
         if session.key is not None and self._by_key.get(session.key) is session:
             del self._by_key[session.key]
+        task = session.close_task = self._entry.async_create_task(
+            self._hass, self._async_teardown(session), f"{DOMAIN} close {session.id}"
+        )
+        self._track(self._close_tasks, task)
+        return task
+
+    async def _async_teardown(self, session: _Session) -> int:
+        """Stop the session's child, hand off its transcript, free its pair."""
         final = self._snapshot(session)
         messages = await self.kernel.close(session.id)
         if session.adhoc:
@@ -712,19 +785,6 @@ class SessionManager:
                 f"no live conversation {conversation_id!r} (live: {known})"
             )
         return session
-
-    def _close_later(self, session: _Session) -> None:
-        """Close a session from a callback.
-
-        A tracked entry task (not a background task): unloading waits for it instead
-        of cancelling it half-way, and ``async_shutdown`` awaits it too.
-        """
-        self._track(
-            self._close_tasks,
-            self._entry.async_create_task(
-                self._hass, self._async_close(session), f"{DOMAIN} close {session.id}"
-            ),
-        )
 
     @staticmethod
     def _track(tasks: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
@@ -949,7 +1009,7 @@ class SessionManager:
             self._arm_idle(session)  # a turn is still waiting for its round
             return
         _LOGGER.debug("Conversation %s idle: closing", session.id)
-        self._close_later(session)
+        self._close(session)
 
     # ── kernel callbacks ──────────────────────────────────────────────────
 

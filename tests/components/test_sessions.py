@@ -49,6 +49,7 @@ from homeassistant.helpers import (
     device_registry as dr,
     entity_registry as er,
     intent,
+    llm,
 )
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.util import dt as dt_util
@@ -233,6 +234,110 @@ async def test_each_conversation_is_told_only_its_own_area(
     assert not any(
         "Scullery" in s.content and s.owner == "hass" for s in prompts.snapshot()
     )
+
+
+async def test_a_close_waiting_for_a_tool_blocks_no_other_satellite(
+    home: Home, openai_peer: OpenAIPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new conversation on the kitchen waits for the old one's tool; the hall talks.
+
+    The kernel's close is wrapped only to learn when it began (the real close runs).
+    """
+    hass = home.hass
+    slow = GatedBedLightOn()
+    intent.async_register(hass, slow)
+    await async_setup_rtvoice(home, openai_peer)
+    kitchen_device = home.device_of(SATELLITE)
+    first = await converse(home, "hello", device_id=kitchen_device)
+    slow_tool = tool_named(openai_peer.requests[0].tools, slow.intent_type)
+    openai_peer.enqueue(ToolCall("call_slow", slow_tool, "{}"))
+    tool_turn = hass.async_create_task(
+        converse(home, "bed light on", first.conversation_id, kitchen_device)
+    )
+    await wait(slow.started.wait())
+
+    kernel = home.entry.runtime_data.kernel
+    closing = asyncio.Event()
+    real_close = kernel.close
+
+    async def close(child_id: str) -> int:
+        closing.set()
+        return await real_close(child_id)
+
+    monkeypatch.setattr(kernel, "close", close)
+    new_topic = hass.async_create_task(
+        converse(home, "new topic", None, kitchen_device)
+    )
+    await wait(closing.wait())
+    openai_peer.enqueue(Text("Hello hall."))
+    hall = await wait(converse(home, "hi", device_id=home.device_of(QUIET_SATELLITE)))
+    assert speech(hall) == "Hello hall."
+    # The kitchen's close is still waiting for its tool.
+    assert first.conversation_id in kernel.children()
+    assert not new_topic.done()
+
+    openai_peer.enqueue(Text("Sure."))
+    slow.gate.set()
+    await wait(tool_turn)
+    assert speech(await wait(new_topic)) == "Sure."
+    (closed,) = await home.wait_closed(1)
+    assert closed["id"] == first.conversation_id
+    assert hass.states.get(BED_LIGHT).state == STATE_ON
+
+
+class GatedApi(llm.API):
+    """A real LLM API whose instance is handed out only when the gate opens."""
+
+    def __init__(self, hass: HomeAssistant) -> None:
+        """Create the API with an open gate."""
+        super().__init__(hass=hass, id="rtvoice_test_gated", name="Gated")
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = asyncio.Event()
+
+    async def async_get_api_instance(
+        self, llm_context: llm.LLMContext
+    ) -> llm.APIInstance:
+        """Wait for the gate, then return an instance without tools."""
+        self.waiting.set()
+        await self.gate.wait()
+        return llm.APIInstance(
+            api=self, api_prompt="Gated.", llm_context=llm_context, tools=[]
+        )
+
+
+async def test_cancel_while_preparing_is_a_barge_in(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """HA cancelling a turn before its push keeps the call together.
+
+    A cancelled pipeline run never stores its chat session, so the next run comes
+    with a fresh id: it continues the same conversation instead of closing it.
+    """
+    hass = home.hass
+    api = GatedApi(hass)
+    unregister = llm.async_register_api(hass, api)
+    await async_setup_rtvoice(home, openai_peer, **{CONF_LLM_HASS_API: api.id})
+    device_id = home.device_of(SATELLITE)
+    first = await converse(home, "hello", device_id=device_id)
+
+    api.gate.clear()
+    api.waiting.clear()
+    cut = hass.async_create_task(
+        converse(home, "what is", first.conversation_id, device_id)
+    )
+    await wait(api.waiting.wait())
+    cut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+    api.gate.set()
+
+    openai_peer.enqueue(Text("Noon."))
+    again = await converse(home, "the time", None, device_id)
+    assert speech(again) == "Noon."
+    assert again.conversation_id == first.conversation_id
+    assert home.closed == []
+    unregister()
 
 
 async def test_device_without_satellite_is_its_own_key(
