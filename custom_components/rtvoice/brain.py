@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 import json
 import logging
-import re
 from typing import TYPE_CHECKING, Any
 
 from homeassistant.components import conversation
@@ -67,6 +66,7 @@ from .kernel.openai_provider import (
     ProviderError,
     ProviderModelNotFoundError,
 )
+from .speech import split_speech
 from .tools import HaToolRunner, ToolResultHook, error_text, report_tool_result
 from .turn import TurnContext
 
@@ -97,10 +97,6 @@ BUILTIN_AGENT_IDS = frozenset(
         getattr(conversation, "OLD_HOME_ASSISTANT_AGENT", "homeassistant"),
     }
 )
-# Longest piece of a spoken answer sent as one delta (split at word boundaries).
-SPEECH_PIECE_CHARS = 24
-_SENTENCE_END = re.compile(r"[.!?…。！？]+[\"')\]]*$")
-_WORD = re.compile(r"\S+\s*")
 
 
 class _Turns:
@@ -297,33 +293,6 @@ def delegated_conversation_id(child_id: str | None) -> str | None:
     and never confuses it with the session's own conversation (the child id).
     """
     return f"{DOMAIN}_{child_id}" if child_id else None
-
-
-def split_speech(text: str, limit: int = SPEECH_PIECE_CHARS) -> list[str]:
-    """Split a spoken answer into a few deltas at sentence and word boundaries.
-
-    Joining the pieces gives back ``text`` exactly.
-    """
-    pieces: list[str] = []
-    current = ""
-    lead = text[: len(text) - len(text.lstrip())]
-    for match in _WORD.finditer(text):
-        word = match.group()
-        if current and len(current) + len(word.rstrip()) > limit:
-            pieces.append(current)
-            current = ""
-        current += word
-        if _SENTENCE_END.search(word.rstrip()):
-            pieces.append(current)
-            current = ""
-    if current:
-        pieces.append(current)
-    if lead:
-        if pieces:
-            pieces[0] = lead + pieces[0]
-        else:
-            pieces.append(lead)
-    return pieces
 
 
 def _speech_of(result: conversation.ConversationResult) -> tuple[str, str]:

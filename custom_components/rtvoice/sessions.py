@@ -89,6 +89,7 @@ from .kernel import (
     ToolCall,
 )
 from .satellites import SatelliteDirectory, channel_names
+from .speech import join_parts
 from .turn import TurnContext
 
 if TYPE_CHECKING:
@@ -155,10 +156,19 @@ type _FeedItem = str | _ToolRecord | _End
 
 @dataclass
 class _Input:
-    """The newest input pushed into a session, for carry-over and routing of output."""
+    """The newest input pushed into a session, for carry-over and routing of output.
+
+    ``parts`` are the texts of its answer, one per model call: a finished tool call
+    starts a new part, so the spoken answer can be joined as a person reads it.
+    """
 
     text: str
     ticket: Ticket
+    parts: list[list[str]] = field(default_factory=lambda: [[]])
+
+    def spoken(self) -> str:
+        """Return the answer so far, its parts joined as one utterance."""
+        return join_parts("".join(part) for part in self.parts)
 
 
 @dataclass
@@ -402,13 +412,22 @@ class SessionManager:
         await self._async_end_turn(session, turn, cancel=False)
         if outcome.status == "completed":
             session.adopt_new_id = False
-        return self._result(user_input.language, session, outcome, chat_log, agent_id)
+        return self._result(
+            user_input.language,
+            session,
+            outcome,
+            speech=self._spoken(session, ticket, outcome),
+            chat_log=chat_log,
+            agent_id=agent_id,
+        )
 
     def _result(
         self,
         language: str,
         session: _Session,
         outcome: Outcome,
+        *,
+        speech: str,
         chat_log: ChatLog,
         agent_id: str,
     ) -> ConversationResult:
@@ -423,10 +442,10 @@ class SessionManager:
                 response = intent.IntentResponse(language=language)
                 response.async_set_error(
                     reply.error_code or intent.IntentResponseErrorCode.UNKNOWN,
-                    outcome.text,
+                    speech,
                 )
                 return ConversationResult(response=response, conversation_id=session.id)
-            return _spoken_result(language, session.id, outcome.text)
+            return _spoken_result(language, session.id, speech)
         _LOGGER.debug("Conversation %s: the round failed", session.id)
         chat_log.async_add_assistant_content_without_tools(
             AssistantContent(agent_id=agent_id, content=APOLOGY)
@@ -434,6 +453,18 @@ class SessionManager:
         response = intent.IntentResponse(language=language)
         response.async_set_error(intent.IntentResponseErrorCode.UNKNOWN, APOLOGY)
         return ConversationResult(response=response, conversation_id=session.id)
+
+    @staticmethod
+    def _spoken(session: _Session, ticket: Ticket, outcome: Outcome) -> str:
+        """Return the spoken answer of a round: its parts joined, not glued.
+
+        TODO(kernel): once ``Kernel.record_reply(child_id, seq, text)`` lands, record
+        this text as the round's reply here, so history holds what was said.
+        """
+        newest = session.last_input
+        if newest is not None and newest.ticket is ticket:
+            return newest.spoken()
+        return outcome.text
 
     def _caller_cancelled(self, session: _Session, ticket: Ticket) -> None:
         """HA cancelled the caller: take its input back (tools still complete)."""
@@ -556,7 +587,9 @@ class SessionManager:
         """Push ``text`` into a live conversation (interrupting it); the input seq."""
         session = self._live(conversation_id)
         ticket = self._push(session, text)
-        ticket.outcome.add_done_callback(partial(self._sent_round_done, session))
+        ticket.outcome.add_done_callback(
+            partial(self._sent_round_done, session, ticket)
+        )
         return ticket.seq
 
     async def async_stop_conversation(self, conversation_id: str) -> int:
@@ -892,13 +925,19 @@ class SessionManager:
         return turn
 
     def _on_delta(self, session: _Session, delta: str) -> None:
+        if (newest := session.last_input) is not None:
+            newest.parts[-1].append(delta)
         if (turn := self._current_turn(session)) is not None:
             turn.queue.put_nowait(delta)
 
     def _on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
         """Brain callback after each finished tool call: record it in the chat log."""
         session = self._sessions.get(child_id)
-        if session is not None and (turn := self._current_turn(session)) is not None:
+        if session is None:
+            return
+        if (newest := session.last_input) is not None and newest.parts[-1]:
+            newest.parts.append([])  # the text after the call is a new utterance
+        if (turn := self._current_turn(session)) is not None:
             turn.queue.put_nowait(_ToolRecord(call, result))
 
     async def _async_feed(self, turn: _Turn, chat_log: ChatLog, agent_id: str) -> None:
@@ -945,7 +984,7 @@ class SessionManager:
 
     @callback
     def _sent_round_done(
-        self, session: _Session, future: asyncio.Future[Outcome]
+        self, session: _Session, ticket: Ticket, future: asyncio.Future[Outcome]
     ) -> None:
         """Speak the answer of a control-plane input on its satellite."""
         if future.cancelled():  # pragma: no cover - nobody cancels the outcome
@@ -953,7 +992,7 @@ class SessionManager:
         outcome = future.result()
         if (
             outcome.status != "completed"
-            or not outcome.text.strip()
+            or not (speech := self._spoken(session, ticket, outcome))
             or session.satellite is None
             or self._shut_down
             or self._satellites is None
@@ -965,7 +1004,7 @@ class SessionManager:
             self._announce_tasks,
             self._entry.async_create_background_task(
                 self._hass,
-                self._async_announce(session.satellite, outcome.text),
+                self._async_announce(session.satellite, speech),
                 f"{DOMAIN} announce {session.id}",
             ),
         )

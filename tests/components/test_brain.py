@@ -27,7 +27,6 @@ from custom_components.rtvoice.brain import (
     HaAgentToolRunner,
     async_create_brain,
     delegated_conversation_id,
-    split_speech,
 )
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
@@ -752,35 +751,3 @@ async def test_brain_turns(hass: HomeAssistant, openai_peer: OpenAIPeer) -> None
     assert brain.on_tool_result is hook
     assert isinstance(brain.tools, HaToolRunner)
     assert brain.tools.on_tool_result is hook
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "Done",
-        "  leading space kept. Second sentence!",
-        "Sorry, Bed Light is not exposed",
-        "One. Two? Three! Four… Five。",
-        "Averyveryveryveryveryverylongwordwithoutbreaks and more",
-        "Trailing spaces   ",
-        "   ",
-    ],
-)
-def test_split_speech_keeps_every_character(text: str) -> None:
-    """Joining the pieces gives the text back exactly; pieces stay short."""
-    pieces = split_speech(text)
-    assert "".join(pieces) == text
-    assert all(pieces)
-    for piece in pieces:
-        if " " in piece.strip():
-            assert len(piece.strip()) <= 24
-
-
-def test_split_speech_breaks_at_sentences() -> None:
-    """Each sentence ends a piece."""
-    assert split_speech("Yes. It is on. Done!") == ["Yes. ", "It is on. ", "Done!"]
-    assert split_speech("Turned on the lights in the kitchen and the hall") == [
-        "Turned on the lights in ",
-        "the kitchen and the hall",
-    ]

@@ -186,7 +186,8 @@ async def test_tool_call_switches_a_light_and_history_is_kept(
         hass, "turn on the bed light", first.conversation_id, device_id
     )
     assert second.conversation_id == first.conversation_id
-    assert speech(second) == "Switching it on.The bed light is on."
+    # The answers before and after the tool are two sentences, not glued.
+    assert speech(second) == "Switching it on. The bed light is on."
     assert hass.states.get(BED_LIGHT).state == STATE_ON
 
     # History across turns: the second request holds the whole first exchange.
