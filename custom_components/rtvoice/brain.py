@@ -20,6 +20,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+import openai
+
 from homeassistant.components import conversation
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import (
@@ -61,6 +63,7 @@ from .kernel import (
     current_child_id,
 )
 from .kernel.openai_provider import (
+    PLACEHOLDER_API_KEY,
     OpenAIChatProvider,
     ProviderAuthError,
     ProviderError,
@@ -204,10 +207,25 @@ def _model_issue_id(entry: RtVoiceConfigEntry) -> str:
     return f"{ISSUE_MODEL_NOT_FOUND}_{entry.entry_id}"
 
 
+async def async_prime_openai(hass: HomeAssistant) -> None:
+    """Build the openai SDK's platform headers in the executor.
+
+    The SDK builds them on a client's first request (it runs ``uname`` and reads
+    ``/etc/os-release``) and caches them for the process. Done here first, the
+    first request never blocks the event loop; HA's own ``openai_conversation``
+    primes its client the same way.
+    """
+    client = openai.AsyncOpenAI(
+        api_key=PLACEHOLDER_API_KEY, http_client=get_async_client(hass)
+    )
+    await hass.async_add_executor_job(client.platform_headers)
+
+
 async def _async_create_openai_brain(
     hass: HomeAssistant, entry: RtVoiceConfigEntry, prompts: PromptRegistry
 ) -> Brain:
     model = entry.data.get(CONF_MODEL, DEFAULT_MODEL)
+    await async_prime_openai(hass)
     provider = OpenAIChatProvider(
         base_url=entry.data.get(CONF_BASE_URL, DEFAULT_BASE_URL),
         api_key=entry.data.get(CONF_API_KEY),

@@ -43,6 +43,7 @@ from homeassistant.helpers.selector import (
     TextSelectorType,
 )
 
+from .brain import async_prime_openai
 from .const import (
     BRAIN_HA_AGENT,
     BRAIN_OPENAI,
@@ -176,6 +177,7 @@ async def async_validate_openai(
     Returns the form errors (empty when everything is fine). The API key is never
     logged.
     """
+    await async_prime_openai(hass)
     provider = OpenAIChatProvider(
         base_url=base_url,
         api_key=api_key or None,

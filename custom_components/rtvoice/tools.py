@@ -79,6 +79,15 @@ class _Prepared:
     specs: list[ToolSpec]
 
 
+@dataclass(frozen=True)
+class _Converted:
+    """A tool's parameter schema and description with the spec made from them."""
+
+    parameters: Any
+    description: str
+    spec: ToolSpec
+
+
 class HaToolRunner:
     """Runs the tools of one HA LLM API for every conversation of an entry.
 
@@ -108,6 +117,10 @@ class HaToolRunner:
         self._prompts = prompts
         self._platform = platform
         self._prepared: dict[str, _Prepared] = {}
+        # Converted tools by (language, tool name): each turn gets a new API
+        # instance, but its schemas rarely change, so a tool is converted again only
+        # when its schema or description differs from the cached one.
+        self._converted: dict[tuple[str, str], _Converted] = {}
 
     async def async_prepare(self, child_id: str, turn: TurnContext) -> None:
         """Fetch the API instance for ``child_id``'s turn; refresh its API prompt.
@@ -145,9 +158,24 @@ class HaToolRunner:
             )
 
     def _convert(self, instance: llm.APIInstance) -> list[ToolSpec]:
-        """Return the API's tools as kernel specs (names exactly as HA gives them)."""
+        """Return the API's tools as kernel specs (names exactly as HA gives them).
+
+        A tool whose schema and description equal the cached ones (same language)
+        reuses its converted spec.
+        """
+        language = instance.llm_context.language or ""
         specs: list[ToolSpec] = []
         for tool in instance.tools:
+            description = tool.description or ""
+            key = (language, tool.name)
+            cached = self._converted.get(key)
+            if (
+                cached is not None
+                and cached.description == description
+                and cached.parameters == tool.parameters
+            ):
+                specs.append(cached.spec)
+                continue
             try:
                 parameters = compat.convert_schema(
                     tool.parameters, instance.custom_serializer
@@ -161,7 +189,9 @@ class HaToolRunner:
                     exc_info=True,
                 )
                 continue
-            specs.append(ToolSpec(tool.name, tool.description or "", parameters))
+            spec = ToolSpec(tool.name, description, parameters)
+            self._converted[key] = _Converted(tool.parameters, description, spec)
+            specs.append(spec)
         return specs
 
     def specs(self) -> list[ToolSpec]:

@@ -216,6 +216,28 @@ async def test_openai_form_defaults(hass: HomeAssistant) -> None:
     assert suggested(result, CONF_API_KEY) is None
 
 
+async def test_flow_builds_openai_platform_headers_off_the_loop(
+    hass: HomeAssistant,
+    openai_peer: OpenAIPeer,
+    mock_setup_entry: AsyncMock,
+    platform_header_threads: list[bool],
+) -> None:
+    """The endpoint check builds the SDK's platform headers in the executor first."""
+    result = await start_brain(hass, BRAIN_OPENAI)
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"],
+        {
+            CONF_NAME: "Kitchen brain",
+            CONF_BASE_URL: openai_peer.base_url,
+            CONF_API_KEY: PEER_API_KEY,
+            CONF_MODEL: PEER_MODEL,
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert platform_header_threads
+    assert platform_header_threads[0] is False  # the first (uncached) call
+
+
 async def test_openai_creates_entry_with_key(
     hass: HomeAssistant, openai_peer: OpenAIPeer, mock_setup_entry: AsyncMock
 ) -> None:

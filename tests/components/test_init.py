@@ -47,6 +47,22 @@ async def async_set_up(hass: HomeAssistant, data: dict[str, Any]) -> MockConfigE
     return entry
 
 
+async def test_openai_platform_headers_are_built_off_the_loop(
+    hass: HomeAssistant, openai_peer: OpenAIPeer, platform_header_threads: list[bool]
+) -> None:
+    """Entry setup builds the SDK's platform headers in the executor first."""
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        title="Realtime Voice",
+        data=openai_data(openai_peer),
+        options=DEFAULT_OPTIONS_OPENAI,
+    )
+    entry.add_to_hass(hass)
+    await async_load_entry(hass, entry)
+    assert platform_header_threads
+    assert platform_header_threads[0] is False  # the first (uncached) call
+
+
 async def test_unreachable_endpoint_retries_with_a_translated_reason(
     hass: HomeAssistant, openai_peer: OpenAIPeer
 ) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import voluptuous as vol
 
+from custom_components.rtvoice import compat
 from custom_components.rtvoice.const import PROMPT_OWNER_HASS
 from custom_components.rtvoice.kernel import (
     ChannelDef,
@@ -271,6 +272,35 @@ async def test_forget_drops_the_prepared_instance(rig: Rig) -> None:
     await rig.run()
     assert rig.model.offered[-1] == []
     assert rig.prompts.render(CHILD) == ""
+
+
+async def test_schemas_are_converted_once_per_language(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every turn gets a new API instance; unchanged tools are not converted again.
+
+    The converter is wrapped only to count its calls (it still converts).
+    """
+    converted: list[Any] = []
+    real = compat.convert_schema
+
+    def counting(schema: Any, serializer: Any = None) -> dict[str, Any]:
+        converted.append(schema)
+        return real(schema, serializer)
+
+    monkeypatch.setattr(compat, "convert_schema", counting)
+    await rig.prepare()
+    await rig.prepare(child_id="01JCHILD0000000000000000BB")
+    assert converted == []  # the fixture's prepare converted them already
+    await rig.run()
+    assert tool_named(rig.model.offered[-1], "HassTurnOn").parameters["type"] == (
+        "object"
+    )
+    await rig.prepare(language="de")
+    assert converted  # another language: converted (and cached) again
+    count = len(converted)
+    await rig.prepare(language="de")
+    assert len(converted) == count
 
 
 async def test_turn_device_reaches_the_api(rig: Rig, hass: HomeAssistant) -> None:
