@@ -91,6 +91,7 @@ from .kernel.openai_provider import (
     ProviderConnectionError,
     ProviderModelNotFoundError,
 )
+from .redact import mask_secret, safe_url
 
 if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
@@ -196,13 +197,11 @@ async def async_validate_openai(
     except Exception as err:  # noqa: BLE001 - logged below, with the key masked
         # Not LOGGER.exception: the chained SDK error may quote the server's answer,
         # and servers echo keys back. Log the same traceback with the key masked.
-        details = "".join(traceback.format_exception(err))
-        if api_key:
-            details = details.replace(api_key, "***")
+        details = mask_secret("".join(traceback.format_exception(err)), api_key)
         _LOGGER.error(
             "Unexpected error while checking model %s at %s\n%s",
             model,
-            base_url,
+            safe_url(base_url),
             details,
         )
         return {"base": "unknown"}

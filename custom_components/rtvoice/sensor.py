@@ -24,6 +24,7 @@ a satellite that is gone are removed from the entity registry.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 import logging
@@ -106,6 +107,9 @@ COUNTERS: Final[tuple[RtVoiceCounterDescription, ...]] = (
 )
 
 SENSOR_KEYS: Final = (STATE_DESCRIPTION.key, *(c.key for c in COUNTERS))
+# Closed conversations remembered to ignore their late updates. A conversation
+# sends nothing after its closed update, so a few recent ones are plenty.
+CLOSED_MEMORY: Final = 8
 
 
 def unique_id(entry_id: str, satellite: str, key: str) -> str:
@@ -128,6 +132,8 @@ class SatelliteActivity:
     conversation of the runtime. A conversation's values are final once its closed
     snapshot arrives; later (stale) snapshots of a closed conversation are ignored,
     so an update that overtakes another one never counts twice or goes backwards.
+    Only the last ``CLOSED_MEMORY`` closed ids are remembered: memory stays flat
+    however many conversations a satellite has.
     """
 
     def __init__(self, satellite: str) -> None:
@@ -135,7 +141,7 @@ class SatelliteActivity:
         self.satellite = satellite
         self._closed_totals = dict.fromkeys((c.key for c in COUNTERS), 0)
         self._live: dict[str, _Live] = {}  # by conversation id, least recent first
-        self._closed: set[str] = set()
+        self._closed: OrderedDict[str, None] = OrderedDict()
         self._listeners: list[CALLBACK_TYPE] = []
 
     @property
@@ -163,7 +169,9 @@ class SatelliteActivity:
             for c in COUNTERS
         }
         if snapshot.state == STATE_CLOSED:
-            self._closed.add(conversation_id)
+            self._closed[conversation_id] = None
+            if len(self._closed) > CLOSED_MEMORY:
+                self._closed.popitem(last=False)
             for key, value in counts.items():
                 self._closed_totals[key] += value
         else:
@@ -172,6 +180,11 @@ class SatelliteActivity:
             )
         for listener in list(self._listeners):
             listener()
+
+    @property
+    def remembered(self) -> int:
+        """How many conversations the activity holds (open, and recently closed)."""
+        return len(self._live) + len(self._closed)
 
     @callback
     def async_add_listener(self, listener: CALLBACK_TYPE) -> CALLBACK_TYPE:

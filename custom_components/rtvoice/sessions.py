@@ -49,8 +49,7 @@ from homeassistant.components.conversation import (
     ConversationResult,
     ToolResultContent,
 )
-from homeassistant.const import EVENT_HOMEASSISTANT_STOP
-from homeassistant.core import CALLBACK_TYPE, Context, Event, HomeAssistant, callback
+from homeassistant.core import CALLBACK_TYPE, Context, HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError, TemplateError
 from homeassistant.helpers import intent, llm, template
 from homeassistant.helpers.dispatcher import async_dispatcher_send
@@ -88,6 +87,7 @@ from .kernel import (
     Ticket,
     ToolCall,
 )
+from .redact import mask_secret
 from .satellites import SatelliteDirectory, channel_names
 from .speech import join_parts
 from .turn import TurnContext
@@ -338,9 +338,6 @@ class SessionManager:
         self._close_tasks: set[asyncio.Task[Any]] = set()
         self._announce_tasks: set[asyncio.Task[Any]] = set()
         self._unsubs: list[CALLBACK_TYPE] = []
-        self._stop_unsub: CALLBACK_TYPE | None = hass.bus.async_listen_once(
-            EVENT_HOMEASSISTANT_STOP, self._on_hass_stop
-        )
         self._shut_down = False
         # The last round that ended failed: the outage has been logged once.
         self._brain_unavailable = False
@@ -358,10 +355,6 @@ class SessionManager:
             return
         _LOGGER.debug("Satellite %s is gone; closing %s", entity_id, session.id)
         self._close(session)
-
-    async def _on_hass_stop(self, _event: Event) -> None:
-        self._stop_unsub = None  # a fired once-listener must not be removed again
-        await self.async_shutdown()
 
     # ── Home Assistant's conversation agent ───────────────────────────────
 
@@ -653,9 +646,6 @@ class SessionManager:
     async def async_shutdown(self) -> None:
         """Close every conversation (hand-off), cancel timers, tasks and listeners."""
         self._shut_down = True
-        if self._stop_unsub is not None:
-            self._stop_unsub()
-            self._stop_unsub = None
         while self._unsubs:
             self._unsubs.pop()()
         for session in self._sessions.values():
@@ -902,9 +892,9 @@ class SessionManager:
 
     def _loggable_error(self, outcome: Outcome) -> str:
         """Error type and message, shortened, with the API key masked."""
-        message = outcome.error or "no details"
-        if api_key := self._entry.data.get(CONF_API_KEY):
-            message = message.replace(api_key, "***")
+        message = mask_secret(
+            outcome.error or "no details", self._entry.data.get(CONF_API_KEY)
+        )
         if len(message) > _MAX_LOGGED_ERROR:
             message = message[: _MAX_LOGGED_ERROR - 1] + "…"
         return f"{outcome.error_type or 'Error'}: {message}"

@@ -26,7 +26,7 @@ from custom_components.rtvoice.const import (
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
 )
-from custom_components.rtvoice.diagnostics import safe_url
+from custom_components.rtvoice.redact import safe_url
 from homeassistant.core import HomeAssistant
 from tests.components.common import (
     PEER_API_KEY,

@@ -16,7 +16,12 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.const import DOMAIN, SIGNAL_SESSION_UPDATE
 from custom_components.rtvoice.entity import MANUFACTURER
-from custom_components.rtvoice.sensor import STATE_OPTIONS, unique_id
+from custom_components.rtvoice.sensor import (
+    CLOSED_MEMORY,
+    STATE_OPTIONS,
+    SatelliteActivity,
+    unique_id,
+)
 from custom_components.rtvoice.sessions import SessionSnapshot
 from homeassistant.components.sensor import (
     ATTR_OPTIONS,
@@ -293,6 +298,22 @@ async def test_totals_are_robust_to_update_order(
     assert value(hass, KITCHEN_ROUNDS) == "5"
     assert value(hass, HALL_ROUNDS) == "0"
     assert value(hass, HALL_STATE) == "idle"
+
+
+def test_activity_memory_stays_flat() -> None:
+    """A satellite's thousandth conversation costs no more memory than its tenth."""
+    activity = SatelliteActivity(SATELLITE)
+    for number in range(1000):
+        conversation_id = f"c{number}"
+        activity.async_update(
+            SessionSnapshot(conversation_id, SATELLITE, "idle", rounds=1)
+        )
+        activity.async_update(
+            SessionSnapshot(conversation_id, SATELLITE, "closed", rounds=1)
+        )
+    assert activity.total("rounds") == 1000
+    assert activity.state == "idle"
+    assert activity.remembered <= CLOSED_MEMORY
 
 
 async def test_satellites_come_and_go(
