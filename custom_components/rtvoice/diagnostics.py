@@ -62,7 +62,7 @@ def _runtime(runtime: RtVoiceRuntime) -> dict[str, Any]:
         "tools": runtime.tools is not None,
         "satellites": satellites,
         # id, satellite, device, state and counters; no text.
-        "conversations": runtime.sessions.list_conversations(),
+        "conversations": runtime.control.list_conversations(),
         "archived_conversations": [
             {"id": child_id, "messages": len(kernel.transcript(child_id) or ())}
             for child_id in sorted(kernel.archived())

@@ -1,32 +1,40 @@
 """Conversations: one kernel child each, routed by satellite, device or id.
 
-The ``SessionManager`` owns the entry's ``Kernel``. A *session* is one realtime child
-(its id is the conversation id handed to Home Assistant). It is found by the satellite
-the turn comes from, else by the device, else by the conversation id (DESIGN §5.3):
+A *session* is one realtime child of the entry's kernel (its id is the conversation
+id handed to Home Assistant). This module keeps routing, the lifecycle of sessions,
+carry-over and the idle timer; HA's chat log is written by ``chat_feed`` and the
+control plane (actions, the control LLM API) lives in ``control``.
 
-- One session per satellite (or device). A turn with a conversation id the session does
-  not know is a new conversation on that satellite: the old child is closed (transcript
-  hand-off) and a new one spawned. Two exceptions keep a call together: the first turn
-  after Home Assistant cancelled a turn of the session (a barge-in: a cancelled pipeline
-  run never stores its chat session, so HA hands the next run a fresh id), and the first
-  turn after a conversation was started by the control plane
-  (``rtvoice.start_conversation``). The new id then becomes an alias of the session.
-- ``async_converse`` pushes the text (with a carried-over superseded input) and awaits
-  the outcome of its round, shielded. If HA cancels the caller, the round is
+Routing (DESIGN §5.3): a turn is found by the satellite it comes from, else by the
+device, else by the conversation id.
+
+- One session per satellite (or device). A turn with a conversation id the session
+  does not know is a new conversation on that satellite: the old child is closed
+  (transcript hand-off) and a new one spawned. Two exceptions keep a call together:
+  the first turn after Home Assistant cancelled a turn of the session (a barge-in,
+  also one that came while the turn was being routed or prepared: a cancelled
+  pipeline run never stores its chat session, so HA hands the next run a fresh id),
+  and the first turn after a conversation was started by the control plane. The new
+  id then becomes an alias of the session.
+- Routing locks per satellite (device, or id): closing a conversation may wait for a
+  running device action, and that holds up only its own satellite.
+- A session is closed once: the close takes it out of every map at once and runs one
+  teardown task that every caller awaits (shielded), so a cancelled caller never
+  leaves a half-closed child behind.
+- ``async_converse`` pushes the text (with a carried-over superseded input) and
+  awaits the outcome of its round, shielded. If HA cancels the caller, the round is
   interrupted (tools still complete) and the cancellation propagates.
-- Deltas of the round arrive through the session's output channel and are streamed into
-  HA's chat log as content only; tool calls and results are recorded after they
-  finished (the kernel runs the tools, never HA's chat log).
-- Every session has exactly one idle timer, reset on every turn; when it expires the
-  session closes (hand-off). Nothing runs while nobody talks.
+- Every session has exactly one idle timer while it lives, reset on every turn; when
+  it expires the session closes (hand-off). It is the only timer, and it exists only
+  while a conversation does.
+
+Wiring goes one way: the session manager registers the satellites' channel pairs
+with its own output handler when the satellite directory reports them, and the
+runtime hands it the kernel it built.
 
 The brain's availability is logged once per change: one warning when a round fails
 after a working one (error type and short message), one info when a round completes
 again; failures in between are logged at debug level.
-
-Answers of rounds started by the control plane (``send``) are spoken on the
-satellite with ``assist_satellite.announce`` when the satellite supports announcements;
-otherwise they are only kept in the transcript.
 """
 
 from __future__ import annotations
@@ -37,27 +45,24 @@ import contextlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
-import json
 import logging
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from homeassistant.components.conversation import (
-    AssistantContent,
-    AssistantContentDeltaDict,
     ChatLog,
     ConversationInput,
     ConversationResult,
-    ToolResultContent,
 )
 from homeassistant.core import CALLBACK_TYPE, Context, HomeAssistant, callback
-from homeassistant.exceptions import HomeAssistantError, TemplateError
-from homeassistant.helpers import intent, llm, template
+from homeassistant.exceptions import TemplateError
+from homeassistant.helpers import template
 from homeassistant.helpers.dispatcher import async_dispatcher_send
 from homeassistant.helpers.event import async_call_later
 from homeassistant.util.ulid import ulid_now
 
 from . import compat
 from .brain import Brain
+from .chat_feed import ChatLogFeed, conversation_result
 from .const import (
     BRAIN_HA_AGENT,
     CONF_API_KEY,
@@ -74,21 +79,23 @@ from .const import (
     EVENT_ASK_PARENT,
     EVENT_CONVERSATION_CLOSED,
     SIGNAL_SESSION_UPDATE,
+    STATE_CLOSED,
 )
+from .errors import UnknownConversationError
 from .kernel import (
     Capability,
     ChannelDef,
     ChannelRegistry,
     ChildOptions,
+    ChildStats,
     Kernel,
     KernelError,
     Outcome,
-    PromptRegistry,
     Ticket,
     ToolCall,
 )
 from .redact import mask_secret
-from .satellites import SatelliteDirectory, channel_names
+from .satellites import SATELLITE_CHANNEL, SatelliteDirectory, channel_names
 from .speech import join_parts
 from .turn import TurnContext
 
@@ -97,61 +104,8 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-APOLOGY: Final = "Sorry, I couldn't reach the language model."
-STATE_CLOSED: Final = "closed"
-FEATURE_ANNOUNCE: Final = "announce"
 _MAX_LOGGED_ERROR: Final = 200  # characters of an error message in the log
-_RT: Final = ChannelDef(realtime=True)
-
-
-class UnknownSatelliteError(KernelError, ValueError):
-    """The named satellite is not an ``assist_satellite`` this entry knows."""
-
-
-class UnknownConversationError(KernelError):
-    """No live conversation has that id; the message lists the known ids."""
-
-
-@dataclass(frozen=True)
-class SessionSnapshot:
-    """State and counters of one conversation, for sensors and diagnostics.
-
-    ``state`` is a ``ChildState`` value (idle, thinking, speaking, tool) or
-    ``"closed"`` once the conversation has ended.
-    """
-
-    conversation_id: str
-    satellite: str | None
-    state: str
-    rounds: int = 0
-    last_seq: int = 0
-    pending: bool = False  # an input waits for its round (e.g. behind a tool)
-    dropped: int = 0
-    suppressed_cancels: int = 0
-    interrupted: int = 0
-    superseded: int = 0
-    completed: int = 0
-    failed: int = 0
-    tool_calls: int = 0
-    messages: int = 0
-    first_delta_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class _ToolRecord:
-    """A finished tool call, to be written into the chat log."""
-
-    call: ToolCall
-    result: str
-
-
-class _End:
-    """Sentinel that ends a turn's delta feed."""
-
-
-_END: Final = _End()
-
-type _FeedItem = str | _ToolRecord | _End
+_ADHOC_CHANNEL: Final = ChannelDef(realtime=True)
 
 
 @dataclass
@@ -173,11 +127,10 @@ class _Input:
 
 @dataclass
 class _Turn:
-    """One ``async_converse`` call waiting for its round."""
+    """One ``async_converse`` call waiting for its round, and its chat log feed."""
 
     seq: int
-    queue: asyncio.Queue[_FeedItem]
-    feeder: asyncio.Task[None] | None = None
+    feed: ChatLogFeed
 
 
 @dataclass
@@ -206,13 +159,18 @@ class _Session:
         return self.close_task is not None
 
 
-class _KeyLocks:
-    """One lock per routing key, alive while a caller holds or waits for it.
+@dataclass(frozen=True)
+class Conversation:
+    """A live conversation as the control plane lists it."""
 
-    Routing a turn and starting a conversation serialise per satellite (or device,
-    or conversation id): closing one satellite's conversation may wait for a running
-    device action, and that must hold up no other satellite.
-    """
+    id: str
+    satellite: str | None
+    device_id: str | None
+    stats: ChildStats
+
+
+class _KeyLocks:
+    """One lock per routing key, alive while a caller holds or waits for it."""
 
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -235,61 +193,10 @@ class _KeyLocks:
                 self._locks[key] = (lock, users - 1)
 
 
-def _spoken_result(
-    language: str, conversation_id: str, speech: str
-) -> ConversationResult:
-    response = intent.IntentResponse(language=language)
-    response.async_set_speech(speech)
-    return ConversationResult(
-        response=response,
-        conversation_id=conversation_id,
-        continue_conversation=speech.strip().endswith(("?", ";")),
-    )
-
-
-def _tool_result_object(result: str) -> dict[str, Any]:
-    """Return a tool result as the JSON object HA's chat log stores."""
-    try:
-        value = json.loads(result)
-    except ValueError:
-        return {"result": result}
-    return value if isinstance(value, dict) else {"result": value}
-
-
-async def _text_segment(
-    queue: asyncio.Queue[_FeedItem], first: str, rest: list[_FeedItem]
-) -> AsyncIterator[AssistantContentDeltaDict]:
-    """Yield one assistant message's deltas; the item that ended it goes to ``rest``."""
-    yield {"role": "assistant"}
-    yield {"content": first}
-    while isinstance(item := await queue.get(), str):
-        yield {"content": item}
-    rest.append(item)
-
-
-def _record_tool(chat_log: ChatLog, agent_id: str, record: _ToolRecord) -> None:
-    """Append a finished call and its result (HA must not run it: append directly)."""
-    call = record.call
-    chat_log.content.append(
-        AssistantContent(
-            agent_id=agent_id,
-            tool_calls=[
-                llm.ToolInput(id=call.id, tool_name=call.name, tool_args=call.arguments)
-            ],
-        )
-    )
-    chat_log.content.append(
-        ToolResultContent(
-            agent_id=agent_id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-            tool_result=_tool_result_object(record.result),
-        )
-    )
-
-
 class SessionManager:
     """Conversations of one config entry (DESIGN §5.3, docs/architecture.md)."""
+
+    _kernel: Kernel
 
     def __init__(
         self,
@@ -297,27 +204,14 @@ class SessionManager:
         entry: RtVoiceConfigEntry,
         brain: Brain,
         channels: ChannelRegistry,
-        prompts: PromptRegistry,
+        satellites: SatelliteDirectory,
     ) -> None:
-        """Create the kernel of the entry; sessions start on demand."""
+        """Create the manager; ``start`` gives it the kernel, sessions start on demand."""
         self._hass = hass
         self._entry = entry
         self._brain = brain
         self._channels = channels
-        self._prompts = prompts
-        self.kernel = Kernel(
-            brain.provider,
-            channels,
-            tools=brain.tools,
-            prompts=prompts,
-            parent_id="parent",
-            on_closed=self._on_closed,
-            # ask_parent is a tool: with tools off ("none") the model gets no tools
-            # at all, so chat-only models keep working.
-            on_ask_parent=self._on_ask_parent if brain.tools is not None else None,
-            on_state=self._on_state,
-        )
-        brain.on_tool_result = self._on_tool_result
+        self._satellites = satellites
         options = entry.options
         self._prompt_template: str = options.get(CONF_PROMPT) or ""
         self._context_window = int(
@@ -329,14 +223,13 @@ class SessionManager:
         self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
         self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
         self._signal = SIGNAL_SESSION_UPDATE.format(entry.entry_id)
-        self._satellites: SatelliteDirectory | None = None
         self._sessions: dict[str, _Session] = {}  # by session id
         self._by_alias: dict[str, _Session] = {}  # every id a session answers to
         self._by_key: dict[str, _Session] = {}  # satellite / device key
         self._satellite_of: dict[str, str | None] = {}  # also for closed ids
+        self._satellite_pairs: set[str] = set()  # satellites whose pair we hold
         self._locks = _KeyLocks()
         self._close_tasks: set[asyncio.Task[Any]] = set()
-        self._announce_tasks: set[asyncio.Task[Any]] = set()
         self._unsubs: list[CALLBACK_TYPE] = []
         self._shut_down = False
         # The last round that ended failed: the outage has been logged once.
@@ -344,17 +237,35 @@ class SessionManager:
 
     # ── wiring ────────────────────────────────────────────────────────────
 
-    def attach_satellites(self, satellites: SatelliteDirectory) -> None:
-        """Route by satellite and close sessions of satellites that disappear."""
-        self._satellites = satellites
-        self._unsubs.append(satellites.async_add_listener(self._on_satellite_change))
+    def start(self, kernel: Kernel) -> None:
+        """Use ``kernel`` (built by the runtime) and follow the satellites.
+
+        Call before the directory starts: it reports every satellite it finds, and
+        each gets its RT channel pair here, with this manager's output handler.
+        """
+        self._kernel = kernel
+        self._unsubs.append(
+            self._satellites.async_add_listener(self._on_satellite_change)
+        )
 
     @callback
     def _on_satellite_change(self, entity_id: str, present: bool) -> None:
-        if present or (session := self._by_key.get(entity_id)) is None:
+        input_name, output_name = channel_names(entity_id)
+        if present:
+            self._satellite_pairs.add(entity_id)
+            self._channels.register_input(input_name, SATELLITE_CHANNEL)
+            self._channels.register_output(
+                output_name,
+                partial(self._on_satellite_delta, entity_id),
+                definition=SATELLITE_CHANNEL,
+            )
             return
-        _LOGGER.debug("Satellite %s is gone; closing %s", entity_id, session.id)
-        self._close(session)
+        self._satellite_pairs.discard(entity_id)
+        self._channels.unregister(input_name)
+        self._channels.unregister(output_name)
+        if (session := self._by_key.get(entity_id)) is not None:
+            _LOGGER.debug("Satellite %s is gone; closing %s", entity_id, session.id)
+            self._close(session)
 
     # ── Home Assistant's conversation agent ───────────────────────────────
 
@@ -386,11 +297,19 @@ class SessionManager:
             self._barged_in(session)
             raise
         ticket = self._push(session, user_input.text)
-        turn = _Turn(ticket.seq, asyncio.Queue())
-        turn.feeder = self._entry.async_create_background_task(
-            self._hass,
-            self._async_feed(turn, chat_log, agent_id),
-            f"{DOMAIN} chat log feed {session.id}#{ticket.seq}",
+        # TODO(kernel): with ChildOptions.delivery, this feed acknowledges what it
+        # delivered (Kernel.acknowledge(child_id, seq, chars, final)): on HA 2025.4
+        # a satellite hears only the finished answer, so a cut answer was never
+        # heard; a text caller that shows deltas has seen them.
+        turn = _Turn(
+            ticket.seq,
+            ChatLogFeed(
+                self._hass,
+                self._entry,
+                chat_log,
+                agent_id,
+                f"{session.id}#{ticket.seq}",
+            ),
         )
         session.turn = turn
         session.turns_running += 1
@@ -405,47 +324,17 @@ class SessionManager:
         await self._async_end_turn(session, turn, cancel=False)
         if outcome.status == "completed":
             session.adopt_new_id = False
-        return self._result(
-            user_input.language,
-            session,
+        elif outcome.status == "failed":
+            _LOGGER.debug("Conversation %s: the round failed", session.id)
+        return conversation_result(
             outcome,
+            language=user_input.language,
+            conversation_id=session.id,
             speech=self._spoken(session, ticket, outcome),
+            agent_reply=self._brain.agent_reply(session.id),
             chat_log=chat_log,
             agent_id=agent_id,
         )
-
-    def _result(
-        self,
-        language: str,
-        session: _Session,
-        outcome: Outcome,
-        *,
-        speech: str,
-        chat_log: ChatLog,
-        agent_id: str,
-    ) -> ConversationResult:
-        if outcome.status != "failed":
-            reply = self._brain.agent_reply(session.id)
-            if (
-                outcome.status == "completed"
-                and reply is not None
-                and reply.response_type is intent.IntentResponseType.ERROR
-            ):
-                # The delegated agent could not do it: say so as HA's agent would.
-                response = intent.IntentResponse(language=language)
-                response.async_set_error(
-                    reply.error_code or intent.IntentResponseErrorCode.UNKNOWN,
-                    speech,
-                )
-                return ConversationResult(response=response, conversation_id=session.id)
-            return _spoken_result(language, session.id, speech)
-        _LOGGER.debug("Conversation %s: the round failed", session.id)
-        chat_log.async_add_assistant_content_without_tools(
-            AssistantContent(agent_id=agent_id, content=APOLOGY)
-        )
-        response = intent.IntentResponse(language=language)
-        response.async_set_error(intent.IntentResponseErrorCode.UNKNOWN, APOLOGY)
-        return ConversationResult(response=response, conversation_id=session.id)
 
     @staticmethod
     def _spoken(session: _Session, ticket: Ticket, outcome: Outcome) -> str:
@@ -459,13 +348,18 @@ class SessionManager:
             return newest.spoken()
         return outcome.text
 
+    def _barged_in(self, session: _Session | None) -> None:
+        """HA cancelled a turn of the session: its next unknown id continues it."""
+        if session is not None and not session.closing:
+            session.adopt_new_id = True
+
     def _caller_cancelled(self, session: _Session, ticket: Ticket) -> None:
         """HA cancelled the caller: take its input back (tools still complete)."""
         self._barged_in(session)
         if ticket.outcome.done():
             return  # the answer was complete already: nothing to cut
         with contextlib.suppress(KernelError):  # closing: the close settles the ticket
-            if self.kernel.withdraw(session.id, ticket.seq):
+            if self._kernel.withdraw(session.id, ticket.seq):
                 self._send_update(session)
 
     def _route_key(
@@ -474,21 +368,15 @@ class SessionManager:
         """Return the satellite of a turn and its routing key (None: by id only)."""
         satellite = compat.satellite_id(user_input)
         device_id = user_input.device_id
-        if satellite is None and device_id and self._satellites is not None:
+        if satellite is None and device_id:
             satellite = self._satellites.entity_for_device(device_id)
         return satellite, satellite or (f"device:{device_id}" if device_id else None)
-
-    def _barged_in(self, session: _Session | None) -> None:
-        """HA cancelled a turn of the session: its next unknown id continues it."""
-        if session is not None and not session.closing:
-            session.adopt_new_id = True
 
     async def _async_route(
         self, user_input: ConversationInput, chat_log: ChatLog
     ) -> _Session:
         """Find or start the session of a turn (a new id on a satellite closes the old)."""
         satellite, key = self._route_key(user_input)
-        device_id = user_input.device_id
         wanted = {
             i for i in (user_input.conversation_id, chat_log.conversation_id) if i
         }
@@ -511,7 +399,7 @@ class SessionManager:
             return await self._async_spawn(
                 self._new_id(chat_log.conversation_id),
                 satellite=satellite,
-                device_id=device_id,
+                device_id=user_input.device_id,
                 key=key,
                 system_prompt=self._render_prompt(),
                 extra_prompt=user_input.extra_system_prompt,
@@ -522,34 +410,27 @@ class SessionManager:
         """HA's conversation id when it is fresh for us, else a new ULID."""
         if (
             proposed
-            and proposed != self.kernel.parent_id
+            and proposed != self._kernel.parent_id
             and proposed not in self._by_alias
-            and self.kernel.transcript(proposed) is None
+            and self._kernel.transcript(proposed) is None
         ):
             return proposed
         return ulid_now()
 
-    # ── the control plane ─────────────────────────────────────────────────
+    # ── what the control plane uses ───────────────────────────────────────
 
-    async def async_start_conversation(
-        self, satellite: str | None, system_prompt: str | None = None
+    async def async_open(
+        self, satellite: str | None, system_prompt: str | None, language: str
     ) -> str:
-        """Start a conversation (on a satellite, else on an ad-hoc pair); its id."""
-        if satellite is not None and (
-            self._satellites is None or self._satellites.info(satellite) is None
-        ):
-            known = ", ".join(self._satellites.satellites()) if self._satellites else ""
-            raise UnknownSatelliteError(
-                f"unknown satellite {satellite!r} (known: {known or 'none'})"
-            )
-        async with self._locks.hold(satellite or f"start:{ulid_now()}"):
+        """Start a conversation on a known satellite (or ad hoc); its id.
+
+        A conversation already on the satellite is closed first (hand-off). The
+        first turn HA routes to the satellite continues the new conversation.
+        """
+        info = self._satellites.info(satellite) if satellite is not None else None
+        async with self._locks.hold(satellite or f"open:{ulid_now()}"):
             if satellite is not None and (old := self._by_key.get(satellite)):
                 await self._async_close(old)
-            info = (
-                self._satellites.info(satellite)
-                if satellite and self._satellites
-                else None
-            )
             session = await self._async_spawn(
                 ulid_now(),
                 satellite=satellite,
@@ -565,8 +446,7 @@ class SessionManager:
             session.id,
             TurnContext(
                 context=Context(),
-                language=(info.language if info else None)
-                or self._hass.config.language,
+                language=language,
                 device_id=session.device_id,
                 satellite_id=satellite,
                 conversation_id=session.id,
@@ -576,72 +456,47 @@ class SessionManager:
         await self._brain.async_prepare(session.id)
         return session.id
 
-    def send(self, conversation_id: str, text: str) -> int:
-        """Push ``text`` into a live conversation (interrupting it); the input seq."""
-        session = self._live(conversation_id)
-        ticket = self._push(session, text)
-        ticket.outcome.add_done_callback(
-            partial(self._sent_round_done, session, ticket)
-        )
-        return ticket.seq
+    def push(self, conversation_id: str, text: str) -> Ticket:
+        """Push ``text`` into a live conversation (interrupting it)."""
+        return self._push(self._live(conversation_id), text)
 
-    async def async_stop_conversation(self, conversation_id: str) -> int:
+    def spoken(self, conversation_id: str, ticket: Ticket, outcome: Outcome) -> str:
+        """Return the spoken answer of a pushed input (its parts joined)."""
+        session = self._sessions.get(conversation_id)
+        return self._spoken(session, ticket, outcome) if session else outcome.text
+
+    async def async_close(self, conversation_id: str) -> int:
         """Close a live conversation with hand-off; the number of messages handed off."""
         return await self._async_close(self._live(conversation_id))
 
-    def list_conversations(self) -> list[dict[str, Any]]:
-        """Live conversations: id, satellite, state and counters."""
-        items: list[dict[str, Any]] = []
-        for session in sorted(self._sessions.values(), key=lambda s: s.id):
-            snapshot = self._snapshot(session)
-            items.append(
-                {
-                    "id": session.id,
-                    "satellite": session.satellite,
-                    "device_id": session.device_id,
-                    "state": snapshot.state,
-                    "stats": {
-                        "rounds": snapshot.rounds,
-                        "last_seq": snapshot.last_seq,
-                        "pending": snapshot.pending,
-                        "dropped": snapshot.dropped,
-                        "suppressed_cancels": snapshot.suppressed_cancels,
-                        "interrupted": snapshot.interrupted,
-                        "superseded": snapshot.superseded,
-                        "completed": snapshot.completed,
-                        "failed": snapshot.failed,
-                        "tool_calls": snapshot.tool_calls,
-                        "messages": snapshot.messages,
-                        "first_delta_ms": snapshot.first_delta_ms,
-                    },
-                }
-            )
-        return items
+    def conversations(self) -> list[Conversation]:
+        """Live conversations with their counters, by id."""
+        return [
+            Conversation(s.id, s.satellite, s.device_id, self._stats(s))
+            for s in sorted(self._sessions.values(), key=lambda s: s.id)
+        ]
 
-    def transcript_page(
-        self, conversation_id: str, offset: int, limit: int, fmt: str
-    ) -> str:
-        """Return a page of a live or archived transcript (KernelError if unknown)."""
+    def resolve(self, conversation_id: str) -> str:
+        """Return the session id of any id a live conversation answers to."""
         if (session := self._by_alias.get(conversation_id)) is not None:
-            conversation_id = session.id
-        page_format: Literal["text", "raw"] = "raw" if fmt == "raw" else "text"
-        return self.kernel.transcript_page(conversation_id, offset, limit, page_format)
+            return session.id
+        return conversation_id
 
     def known_ids(self) -> list[str]:
         """Ids of live and archived conversations."""
-        return sorted({*self._sessions, *self.kernel.archived()})
+        return sorted({*self._sessions, *self._kernel.archived()})
 
     def knows(self, conversation_id: str) -> bool:
         """Whether the id names a live conversation (any of its ids) or an archive."""
         return (
             conversation_id in self._by_alias
-            or conversation_id in self.kernel.archived()
+            or conversation_id in self._kernel.archived()
         )
 
-    def snapshot(self, satellite: str) -> SessionSnapshot | None:
-        """State of the live conversation of a satellite (or of that id), or None."""
+    def stats(self, satellite: str) -> ChildStats | None:
+        """Counters of the live conversation of a satellite (or of that id), or None."""
         session = self._by_key.get(satellite) or self._by_alias.get(satellite)
-        return self._snapshot(session) if session is not None else None
+        return self._stats(session) if session is not None else None
 
     async def async_shutdown(self) -> None:
         """Close every conversation (hand-off), cancel timers, tasks and listeners."""
@@ -650,14 +505,18 @@ class SessionManager:
             self._unsubs.pop()()
         for session in self._sessions.values():
             self._cancel_idle(session)
-        for task in self._announce_tasks:
-            task.cancel()
         sessions = list(self._sessions.values())
         if sessions:
             await asyncio.gather(*(self._async_close(s) for s in sessions))
-        # Closes already under way (idle timer, vanished satellite) and announcements.
-        if pending := self._close_tasks | self._announce_tasks:
-            await asyncio.wait(pending)
+        # Closes already under way (idle timer, vanished satellite).
+        if self._close_tasks:
+            await asyncio.wait(self._close_tasks)
+        for entity_id in self._satellite_pairs:
+            for name in channel_names(entity_id):
+                self._channels.unregister(name)
+        self._satellite_pairs.clear()
+        # A safety net: no child outlives the entry, whatever happened above.
+        await self._kernel.close_all()
 
     # ── sessions ──────────────────────────────────────────────────────────
 
@@ -686,11 +545,7 @@ class SessionManager:
         extra_prompt: str | None,
         adopt_new_id: bool,
     ) -> _Session:
-        if (
-            satellite is not None
-            and self._satellites is not None
-            and self._satellites.info(satellite) is not None
-        ):
+        if satellite is not None and satellite in self._satellite_pairs:
             input_channel, output_channel = channel_names(satellite)
             adhoc = False
         else:
@@ -710,17 +565,21 @@ class SessionManager:
             adopt_new_id=adopt_new_id,
         )
         if adhoc:
-            self._channels.register_input(input_channel, _RT)
+            self._channels.register_input(input_channel, _ADHOC_CHANNEL)
             self._channels.register_output(
                 output_channel,
                 partial(self._on_delta, session),
                 Capability.TEXT,
-                _RT,
+                _ADHOC_CHANNEL,
             )
         if extra_prompt:
             system_prompt = "\n\n".join(p for p in (system_prompt, extra_prompt) if p)
         try:
-            await self.kernel.spawn(
+            # TODO(kernel): set ChildOptions.carry_over=self._carry_over and drop
+            # _carried_over (the kernel knows whether a voided input reached the
+            # model); set ChildOptions.delivery for what the output side
+            # acknowledges (see async_converse).
+            await self._kernel.spawn(
                 ChildOptions(
                     id=session_id,
                     input=input_channel,
@@ -777,18 +636,20 @@ class SessionManager:
         task = session.close_task = self._entry.async_create_task(
             self._hass, self._async_teardown(session), f"{DOMAIN} close {session.id}"
         )
-        self._track(self._close_tasks, task)
+        if not task.done():
+            self._close_tasks.add(task)
+            task.add_done_callback(self._close_tasks.discard)
         return task
 
     async def _async_teardown(self, session: _Session) -> int:
         """Stop the session's child, hand off its transcript, free its pair."""
-        final = self._snapshot(session)
-        messages = await self.kernel.close(session.id)
+        final = self._stats(session)
+        messages = await self._kernel.close(session.id)
         if session.adhoc:
             self._channels.unregister(session.input_channel)
             self._channels.unregister(session.output_channel)
         self._brain.forget(session.id)
-        known = {*self.kernel.archived(), *self._sessions}
+        known = {*self._kernel.archived(), *self._sessions}
         for closed_id in [i for i in self._satellite_of if i not in known]:
             del self._satellite_of[closed_id]
         _LOGGER.debug("Conversation %s closed (%d messages)", session.id, messages)
@@ -809,12 +670,6 @@ class SessionManager:
             )
         return session
 
-    @staticmethod
-    def _track(tasks: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
-        if not task.done():
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
     # ── input ─────────────────────────────────────────────────────────────
 
     def _push(self, session: _Session, text: str) -> Ticket:
@@ -827,7 +682,10 @@ class SessionManager:
                 "Conversation %s: carrying a superseded input over", session.id
             )
             text = f"{carried} {text}"
-        ticket = self.kernel.push(session.id, text)
+        try:
+            ticket = self._kernel.push(session.id, text)
+        except KernelError as err:  # pragma: no cover - live sessions have a child
+            raise UnknownConversationError(str(err)) from err
         ticket.outcome.add_done_callback(self._round_ended)
         session.last_input = _Input(text=text, ticket=ticket)
         self._arm_idle(session)
@@ -841,6 +699,10 @@ class SessionManager:
         still waiting in the slot that this push is about to void. An input whose model
         call started is already in the kernel's history (committed as interrupted), so
         carrying it too would make the model read it twice.
+
+        TODO(kernel): replace with ChildOptions.carry_over (issue 6 defect 5): this
+        guess misses the window between the loop taking an input and its round
+        starting.
         """
         previous = session.last_input
         if not self._carry_over or previous is None:
@@ -849,7 +711,7 @@ class SessionManager:
         if future.done():
             outcome = future.result()
             return previous.text if outcome.status == "superseded" else None
-        stats = self.kernel.stats(session.id)
+        stats = self._kernel.stats(session.id)
         if (
             stats is not None
             and stats.pending
@@ -901,8 +763,8 @@ class SessionManager:
 
     # ── output ────────────────────────────────────────────────────────────
 
-    async def async_deliver_output(self, entity_id: str, delta: str) -> None:
-        """Output channel handler of the satellites: a delta of that satellite's child."""
+    def _on_satellite_delta(self, entity_id: str, delta: str) -> None:
+        """Output handler of a satellite's channel: a delta of its child."""
         if (session := self._by_key.get(entity_id)) is not None:
             self._on_delta(session, delta)
 
@@ -918,38 +780,22 @@ class SessionManager:
         if (newest := session.last_input) is not None:
             newest.parts[-1].append(delta)
         if (turn := self._current_turn(session)) is not None:
-            turn.queue.put_nowait(delta)
+            turn.feed.delta(delta)
 
-    def _on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
-        """Brain callback after each finished tool call: record it in the chat log."""
+    def on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
+        """Record a finished tool call in the chat log of the waiting turn.
+
+        TODO(kernel): register this as the kernel's ``on_tool_result`` callback in
+        runtime.async_build_runtime (then ask_parent is recorded too) and drop the
+        brain's hook.
+        """
         session = self._sessions.get(child_id)
         if session is None:
             return
         if (newest := session.last_input) is not None and newest.parts[-1]:
             newest.parts.append([])  # the text after the call is a new utterance
         if (turn := self._current_turn(session)) is not None:
-            turn.queue.put_nowait(_ToolRecord(call, result))
-
-    async def _async_feed(self, turn: _Turn, chat_log: ChatLog, agent_id: str) -> None:
-        """Write a turn's deltas and finished tool calls into HA's chat log, in order.
-
-        Text is streamed with ``async_add_delta_content_stream`` (content only, so HA
-        never runs a tool); a finished tool call is appended as an assistant message
-        with that call, followed by its result.
-        """
-        queue = turn.queue
-        item: _FeedItem = await queue.get()
-        while not isinstance(item, _End):
-            if isinstance(item, _ToolRecord):
-                _record_tool(chat_log, agent_id, item)
-                item = await queue.get()
-                continue
-            rest: list[_FeedItem] = []
-            async for _content in chat_log.async_add_delta_content_stream(
-                agent_id, _text_segment(queue, item, rest)
-            ):
-                pass
-            item = rest[0]
+            turn.feed.tool(call, result)
 
     async def _async_end_turn(
         self, session: _Session, turn: _Turn, *, cancel: bool
@@ -959,58 +805,11 @@ class SessionManager:
             session.turn = None
         session.turns_running -= 1
         self._arm_idle(session)
-        feeder = turn.feeder
-        assert feeder is not None
-        turn.queue.put_nowait(_END)
-        if cancel:
-            feeder.cancel()
-        await asyncio.wait((feeder,))
-        if not feeder.cancelled() and (err := feeder.exception()) is not None:
+        if (err := await turn.feed.async_finish(cancel=cancel)) is not None:
             _LOGGER.warning(
                 "Conversation %s: writing the chat log failed: %s",
                 session.id,
                 type(err).__name__,
-            )
-
-    @callback
-    def _sent_round_done(
-        self, session: _Session, ticket: Ticket, future: asyncio.Future[Outcome]
-    ) -> None:
-        """Speak the answer of a control-plane input on its satellite."""
-        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
-            return
-        outcome = future.result()
-        if (
-            outcome.status != "completed"
-            or not (speech := self._spoken(session, ticket, outcome))
-            or session.satellite is None
-            or self._shut_down
-            or self._satellites is None
-            or (info := self._satellites.info(session.satellite)) is None
-            or FEATURE_ANNOUNCE not in info.features
-        ):
-            return
-        self._track(
-            self._announce_tasks,
-            self._entry.async_create_background_task(
-                self._hass,
-                self._async_announce(session.satellite, speech),
-                f"{DOMAIN} announce {session.id}",
-            ),
-        )
-
-    async def _async_announce(self, satellite: str, text: str) -> None:
-        try:
-            await self._hass.services.async_call(
-                "assist_satellite",
-                "announce",
-                {"message": text},
-                target={"entity_id": satellite},
-                blocking=True,
-            )
-        except HomeAssistantError as err:
-            _LOGGER.warning(
-                "Announcing on %s failed: %s", satellite, type(err).__name__
             )
 
     # ── idle timer ────────────────────────────────────────────────────────
@@ -1040,9 +839,10 @@ class SessionManager:
         _LOGGER.debug("Conversation %s idle: closing", session.id)
         self._close(session)
 
-    # ── kernel callbacks ──────────────────────────────────────────────────
+    # ── kernel callbacks (the runtime registers them) ─────────────────────
 
-    def _on_closed(self, child_id: str, messages: int, chars: int) -> None:
+    def on_closed(self, child_id: str, messages: int, chars: int) -> None:
+        """Fire the closed event (id and counts, never the text)."""
         self._hass.bus.async_fire(
             EVENT_CONVERSATION_CLOSED,
             {
@@ -1053,7 +853,8 @@ class SessionManager:
             },
         )
 
-    def _on_ask_parent(self, child_id: str, text: str) -> None:
+    def on_ask_parent(self, child_id: str, text: str) -> None:
+        """Fire the ask-parent event."""
         self._hass.bus.async_fire(
             EVENT_ASK_PARENT,
             {
@@ -1063,35 +864,20 @@ class SessionManager:
             },
         )
 
-    def _on_state(self, child_id: str, state: str) -> None:
-        session = self._sessions.get(child_id)
-        if session is None:
-            return
-        self._send_update(session)
+    def on_state(self, child_id: str, state: str) -> None:
+        """Tell the sensors that a conversation changed state."""
+        if (session := self._sessions.get(child_id)) is not None:
+            self._send_update(session)
 
-    def _snapshot(self, session: _Session) -> SessionSnapshot:
-        stats = self.kernel.stats(session.id)
+    def _stats(self, session: _Session) -> ChildStats:
+        stats = self._kernel.stats(session.id)
         if stats is None:  # pragma: no cover - only live sessions are asked
-            return SessionSnapshot(session.id, session.satellite, STATE_CLOSED)
-        return SessionSnapshot(
-            conversation_id=session.id,
-            satellite=session.satellite,
-            state=str(stats.state),
-            rounds=stats.rounds,
-            last_seq=stats.last_seq,
-            pending=stats.pending,
-            dropped=stats.dropped,
-            suppressed_cancels=stats.suppressed_cancels,
-            interrupted=stats.interrupted_rounds,
-            superseded=stats.superseded_rounds,
-            completed=stats.completed_rounds,
-            failed=stats.failed_rounds,
-            tool_calls=stats.tool_calls,
-            messages=stats.messages,
-            first_delta_ms=stats.first_delta_ms,
-        )
+            return ChildStats(
+                session.id, 0, 0, 0, False, 0, 0, 0, 0, state=STATE_CLOSED
+            )
+        return stats
 
     def _send_update(self, session: _Session) -> None:
         async_dispatcher_send(
-            self._hass, self._signal, session.satellite, self._snapshot(session)
+            self._hass, self._signal, session.satellite, self._stats(session)
         )

@@ -19,14 +19,16 @@ from typing import Any
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
-from custom_components.rtvoice.brain import (
+from custom_components.rtvoice.agent_brain import (
     HA_ASSIST_TOOL,
-    ISSUE_MODEL_NOT_FOUND,
-    Brain,
     HaAgentProvider,
     HaAgentToolRunner,
-    async_create_brain,
     delegated_conversation_id,
+)
+from custom_components.rtvoice.brain import (
+    ISSUE_MODEL_NOT_FOUND,
+    Brain,
+    async_create_brain,
 )
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
