@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from homeassistant.components import conversation
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import ConfigEntryNotReady
 from homeassistant.util.ulid import ulid_now
@@ -27,9 +28,6 @@ from .kernel.openai_provider import ProviderError
 from .speech import split_speech
 from .tools import ToolResultHook, error_text, report_tool_result
 from .turn import Turns
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ BUILTIN_AGENT_IDS = frozenset(
 
 
 def create_ha_agent_parts(
-    hass: HomeAssistant, entry: RtVoiceConfigEntry
+    hass: HomeAssistant, entry: ConfigEntry
 ) -> tuple[HaAgentProvider, HaAgentToolRunner | None, Turns]:
     """Create the provider, tool runner and turns of an ha_agent brain.
 

@@ -17,10 +17,10 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import openai
 
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import (
     ConfigEntryAuthFailed,
@@ -57,9 +57,6 @@ from .kernel.openai_provider import (
 )
 from .tools import HaToolRunner, ToolResultHook
 from .turn import TurnContext, Turns
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -119,7 +116,7 @@ class Brain:
 
 
 async def async_create_brain(
-    hass: HomeAssistant, entry: RtVoiceConfigEntry, prompts: PromptRegistry
+    hass: HomeAssistant, entry: ConfigEntry, prompts: PromptRegistry
 ) -> Brain:
     """Create the brain an entry is configured for.
 
@@ -139,7 +136,7 @@ async def async_create_brain(
     )
 
 
-def _model_issue_id(entry: RtVoiceConfigEntry) -> str:
+def _model_issue_id(entry: ConfigEntry) -> str:
     return f"{ISSUE_MODEL_NOT_FOUND}_{entry.entry_id}"
 
 
@@ -158,7 +155,7 @@ async def async_prime_openai(hass: HomeAssistant) -> None:
 
 
 async def _async_create_openai_brain(
-    hass: HomeAssistant, entry: RtVoiceConfigEntry, prompts: PromptRegistry
+    hass: HomeAssistant, entry: ConfigEntry, prompts: PromptRegistry
 ) -> Brain:
     model = entry.data.get(CONF_MODEL, DEFAULT_MODEL)
     await async_prime_openai(hass)

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 import json
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from homeassistant.components.conversation import (
     AssistantContent,
@@ -22,14 +22,12 @@ from homeassistant.components.conversation import (
     ConversationResult,
     ToolResultContent,
 )
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import intent, llm
 
 from .const import DOMAIN
 from .kernel import Outcome, ToolCall
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
 
 APOLOGY: Final = "Sorry, I couldn't reach the language model."
 
@@ -57,7 +55,7 @@ class ChatLogFeed:
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: RtVoiceConfigEntry,
+        entry: ConfigEntry,
         chat_log: ChatLog,
         agent_id: str,
         name: str,

@@ -17,8 +17,9 @@ from dataclasses import asdict
 from functools import partial
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError
 
@@ -27,9 +28,6 @@ from .errors import RtVoiceError, UnknownConversationError, UnknownSatelliteErro
 from .kernel import Kernel, KernelError, Outcome, Ticket
 from .satellites import SatelliteDirectory
 from .sessions import SessionManager
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -60,7 +58,7 @@ class ControlPlane:
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: RtVoiceConfigEntry,
+        entry: ConfigEntry,
         kernel: Kernel,
         sessions: SessionManager,
         satellites: SatelliteDirectory,

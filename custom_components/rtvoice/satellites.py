@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from homeassistant.components.assist_pipeline.const import OPTION_PREFERRED
 from homeassistant.components.assist_pipeline.pipeline import (
@@ -38,6 +38,7 @@ from homeassistant.components.assist_pipeline.pipeline import (
 )
 from homeassistant.components.assist_satellite import AssistSatelliteEntityFeature
 from homeassistant.components.homeassistant import exposed_entities
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.const import ATTR_FRIENDLY_NAME, ATTR_SUPPORTED_FEATURES
 from homeassistant.core import (
     CALLBACK_TYPE,
@@ -62,9 +63,6 @@ from homeassistant.helpers.event import (
 )
 
 from .kernel import ChannelDef, PromptRegistry, PromptSection
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -163,7 +161,7 @@ class SatelliteDirectory:
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: RtVoiceConfigEntry,
+        entry: ConfigEntry,
         prompts: PromptRegistry,
     ) -> None:
         """Create a stopped directory; ``async_start`` fills it."""

@@ -46,13 +46,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from homeassistant.components.conversation import (
     ChatLog,
     ConversationInput,
     ConversationResult,
 )
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import CALLBACK_TYPE, Context, HomeAssistant, callback
 from homeassistant.exceptions import TemplateError
 from homeassistant.helpers import template
@@ -98,9 +99,6 @@ from .redact import mask_secret
 from .satellites import SATELLITE_CHANNEL, SatelliteDirectory, channel_names
 from .speech import join_parts
 from .turn import TurnContext
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -201,7 +199,7 @@ class SessionManager:
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: RtVoiceConfigEntry,
+        entry: ConfigEntry,
         brain: Brain,
         channels: ChannelRegistry,
         satellites: SatelliteDirectory,
