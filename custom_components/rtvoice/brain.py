@@ -91,10 +91,6 @@ class Brain:
         if isinstance(self.tools, (HaToolRunner, HaAgentToolRunner)):
             self.tools.on_tool_result = hook
 
-    def turn(self, child_id: str) -> TurnContext:
-        """Return the current turn of a child (a neutral one if none was set)."""
-        return self._turns.get(child_id)
-
     def agent_reply(self, child_id: str) -> intent.IntentResponse | None:
         """Return the delegated agent's answer in the child's current turn, if any."""
         return self._turns.replies.get(child_id)

@@ -56,7 +56,7 @@ from custom_components.rtvoice.kernel.openai_provider import (
     ProviderError,
 )
 from custom_components.rtvoice.tools import HaToolRunner, api_prompt_section
-from custom_components.rtvoice.turn import TurnContext
+from custom_components.rtvoice.turn import TurnContext, Turns
 from homeassistant.components import conversation
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import (
@@ -731,23 +731,29 @@ async def test_agent_tool_runner_hook_failure_is_logged(
     assert "Recording the result of tool ha_assist failed" in caplog.text
 
 
-async def test_brain_turns(hass: HomeAssistant, openai_peer: OpenAIPeer) -> None:
-    """set_turn/turn/forget; a child without a turn gets a neutral one."""
+async def test_turns(hass: HomeAssistant) -> None:
+    """set/get/pop; a child without a turn gets a neutral one."""
     hass.config.language = "fr"
-    brain = await async_create_brain(
-        hass, openai_entry(hass, openai_peer), PromptRegistry()
-    )
-    neutral = brain.turn("unknown")
+    turns = Turns(hass)
+    neutral = turns.get("unknown")
     assert neutral.language == "fr"
     assert neutral.context.user_id is None
     assert neutral.conversation_id == "unknown"
 
     turn = TurnContext(Context(user_id="u"), "en", device_id="d")
-    brain.set_turn(CHILD, turn)
-    assert brain.turn(CHILD) is turn
-    brain.forget(CHILD)
-    assert brain.turn(CHILD) is not turn
+    turns.set(CHILD, turn)
+    assert turns.get(CHILD) is turn
+    turns.pop(CHILD)
+    assert turns.get(CHILD) is not turn
 
+
+async def test_brain_hands_the_hook_to_its_runner(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The tool-result hook set on the brain reaches its tool runner."""
+    brain = await async_create_brain(
+        hass, openai_entry(hass, openai_peer), PromptRegistry()
+    )
     hook = print
     brain.on_tool_result = hook
     assert brain.on_tool_result is hook
