@@ -26,7 +26,7 @@ from homeassistant.exceptions import HomeAssistantError
 from .const import DOMAIN
 from .errors import RtVoiceError, UnknownConversationError, UnknownSatelliteError
 from .kernel import Kernel, KernelError, Outcome, Ticket
-from .satellites import SatelliteDirectory
+from .satellites import SATELLITE_DOMAIN, SatelliteDirectory
 from .sessions import SessionManager
 
 _LOGGER = logging.getLogger(__name__)
@@ -189,11 +189,7 @@ class ControlPlane:
         outcome = future.result()
         if outcome.status != "completed" or self._shut_down:
             return
-        conversation = next(
-            (c for c in self._sessions.conversations() if c.id == conversation_id),
-            None,
-        )
-        satellite = conversation.satellite if conversation else None
+        satellite = self._sessions.satellite(conversation_id)
         if (
             satellite is None
             or (info := self._satellites.info(satellite)) is None
@@ -214,7 +210,7 @@ class ControlPlane:
     async def _async_announce(self, satellite: str, text: str) -> None:
         try:
             await self._hass.services.async_call(
-                "assist_satellite",
+                SATELLITE_DOMAIN,
                 "announce",
                 {"message": text},
                 target={"entity_id": satellite},

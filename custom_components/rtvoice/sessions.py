@@ -32,9 +32,7 @@ Wiring goes one way: the session manager registers the satellites' channel pairs
 with its own output handler when the satellite directory reports them, and the
 runtime hands it the kernel it built.
 
-The brain's availability is logged once per change: one warning when a round fails
-after a working one (error type and short message), one info when a round completes
-again; failures in between are logged at debug level.
+The brain's availability is logged once per change (``availability``).
 """
 
 from __future__ import annotations
@@ -62,11 +60,10 @@ from homeassistant.helpers.event import async_call_later
 from homeassistant.util.ulid import ulid_now
 
 from . import compat
+from .availability import BrainAvailability
 from .brain import Brain
 from .chat_feed import ChatLogFeed, conversation_result
 from .const import (
-    BRAIN_HA_AGENT,
-    CONF_API_KEY,
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
     CONF_IDLE_TIMEOUT,
@@ -95,14 +92,12 @@ from .kernel import (
     Ticket,
     ToolCall,
 )
-from .redact import mask_secret
 from .satellites import SATELLITE_CHANNEL, SatelliteDirectory, channel_names
 from .speech import join_parts
 from .turn import TurnContext
 
 _LOGGER = logging.getLogger(__name__)
 
-_MAX_LOGGED_ERROR: Final = 200  # characters of an error message in the log
 _ADHOC_CHANNEL: Final = ChannelDef(realtime=True)
 
 
@@ -230,8 +225,7 @@ class SessionManager:
         self._close_tasks: set[asyncio.Task[Any]] = set()
         self._unsubs: list[CALLBACK_TYPE] = []
         self._shut_down = False
-        # The last round that ended failed: the outage has been logged once.
-        self._brain_unavailable = False
+        self._availability = BrainAvailability(entry, brain.kind)
 
     # ── wiring ────────────────────────────────────────────────────────────
 
@@ -474,6 +468,11 @@ class SessionManager:
             for s in sorted(self._sessions.values(), key=lambda s: s.id)
         ]
 
+    def satellite(self, conversation_id: str) -> str | None:
+        """Return the satellite of a live conversation (None: none, or not live)."""
+        session = self._by_alias.get(conversation_id)
+        return session.satellite if session is not None else None
+
     def resolve(self, conversation_id: str) -> str:
         """Return the session id of any id a live conversation answers to."""
         if (session := self._by_alias.get(conversation_id)) is not None:
@@ -684,7 +683,7 @@ class SessionManager:
             ticket = self._kernel.push(session.id, text)
         except KernelError as err:  # pragma: no cover - live sessions have a child
             raise UnknownConversationError(str(err)) from err
-        ticket.outcome.add_done_callback(self._round_ended)
+        ticket.outcome.add_done_callback(self._availability.round_ended)
         session.last_input = _Input(text=text, ticket=ticket)
         self._arm_idle(session)
         self._send_update(session)
@@ -717,47 +716,6 @@ class SessionManager:
         ):
             return previous.text
         return None
-
-    # ── availability of the brain ─────────────────────────────────────────
-
-    @callback
-    def _round_ended(self, future: asyncio.Future[Outcome]) -> None:
-        """Log once when the brain becomes unavailable and once when it is back.
-
-        A failed round after a working one is the start of an outage (a warning);
-        further failures are debug only; a completed round ends the outage (an info).
-        Cut rounds (interrupted, superseded) say nothing either way. The message
-        is the provider's short error text (never the API key, never the user's
-        words).
-        """
-        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
-            return
-        outcome = future.result()
-        if outcome.status == "failed":
-            error = self._loggable_error(outcome)
-            if self._brain_unavailable:
-                _LOGGER.debug("%s is still unavailable: %s", self._brain_name, error)
-                return
-            self._brain_unavailable = True
-            _LOGGER.warning("%s is unavailable: %s", self._brain_name, error)
-        elif outcome.status == "completed" and self._brain_unavailable:
-            self._brain_unavailable = False
-            _LOGGER.info("%s is back", self._brain_name)
-
-    @property
-    def _brain_name(self) -> str:
-        if self._brain.kind == BRAIN_HA_AGENT:
-            return f"The conversation agent of {self._entry.title}"
-        return f"The language model of {self._entry.title}"
-
-    def _loggable_error(self, outcome: Outcome) -> str:
-        """Error type and message, shortened, with the API key masked."""
-        message = mask_secret(
-            outcome.error or "no details", self._entry.data.get(CONF_API_KEY)
-        )
-        if len(message) > _MAX_LOGGED_ERROR:
-            message = message[: _MAX_LOGGED_ERROR - 1] + "…"
-        return f"{outcome.error_type or 'Error'}: {message}"
 
     # ── output ────────────────────────────────────────────────────────────
 
