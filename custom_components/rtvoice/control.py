@@ -34,7 +34,6 @@ _LOGGER = logging.getLogger(__name__)
 FORMAT_TEXT: Final = "text"
 FORMAT_RAW: Final = "raw"
 TRANSCRIPT_FORMATS: Final = (FORMAT_TEXT, FORMAT_RAW)
-DEFAULT_PAGE_LIMIT: Final = 40
 MAX_PAGE_LIMIT: Final = 500
 # At most this many ids are named in an "unknown conversation" message.
 MAX_IDS_IN_MESSAGE: Final = 20

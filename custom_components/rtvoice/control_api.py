@@ -34,14 +34,9 @@ from homeassistant.helpers import config_validation as cv, llm
 from homeassistant.util.json import JsonObjectType, JsonValueType
 
 from .const import DEFAULT_NAME
-from .control import (
-    DEFAULT_PAGE_LIMIT,
-    FORMAT_TEXT,
-    MAX_PAGE_LIMIT,
-    TRANSCRIPT_FORMATS,
-    id_list,
-)
+from .control import FORMAT_TEXT, MAX_PAGE_LIMIT, TRANSCRIPT_FORMATS, id_list
 from .errors import RtVoiceError, UnknownConversationError
+from .kernel.transcript import DEFAULT_PAGE_LIMIT
 from .runtime import RtVoiceConfigEntry
 
 API_ID_PREFIX: Final = "rtvoice_control"

@@ -62,13 +62,12 @@ from homeassistant.helpers.event import (
     async_track_state_removed_domain,
 )
 
+from .compat import ASSISTANT
 from .kernel import ChannelDef, PromptRegistry, PromptSection
 
 _LOGGER = logging.getLogger(__name__)
 
 SATELLITE_DOMAIN = "assist_satellite"
-# The assistant whose exposure settings decide what a satellite's prompt lists.
-EXPOSE_ASSISTANT = "conversation"
 # At most this many exposed entities are named in the "nearby" section.
 NEARBY_LIMIT = 25
 # Names longer than this are cut in prompt texts.
@@ -196,7 +195,7 @@ class SatelliteDirectory:
         if exposed_entities.DATA_EXPOSED_ENTITIES in hass.data:
             self._unsubs.append(
                 exposed_entities.async_listen_entity_updates(
-                    hass, EXPOSE_ASSISTANT, self._schedule_sync
+                    hass, ASSISTANT, self._schedule_sync
                 )
             )
         if (pipelines := hass.data.get(KEY_ASSIST_PIPELINE)) is not None:
@@ -520,7 +519,7 @@ class SatelliteDirectory:
         items: list[str] = []
         for entry in members:
             if entry.entity_id == entity_id or not exposed_entities.async_should_expose(
-                self.hass, EXPOSE_ASSISTANT, entry.entity_id
+                self.hass, ASSISTANT, entry.entity_id
             ):
                 continue
             state = self.hass.states.get(entry.entity_id)

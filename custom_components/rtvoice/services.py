@@ -41,14 +41,9 @@ from homeassistant.helpers import config_validation as cv, service as service_he
 from homeassistant.util.json import JsonValueType
 
 from .const import DOMAIN
-from .control import (
-    DEFAULT_PAGE_LIMIT,
-    FORMAT_TEXT,
-    MAX_PAGE_LIMIT,
-    TRANSCRIPT_FORMATS,
-    id_list,
-)
+from .control import FORMAT_TEXT, MAX_PAGE_LIMIT, TRANSCRIPT_FORMATS, id_list
 from .errors import UnknownConversationError, UnknownSatelliteError
+from .kernel.transcript import DEFAULT_PAGE_LIMIT
 from .runtime import RtVoiceConfigEntry
 
 SERVICE_START_CONVERSATION: Final = "start_conversation"
