@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from homeassistant.const import Platform
-from homeassistant.core import HomeAssistant
+from homeassistant.const import EVENT_HOMEASSISTANT_STOP, Platform
+from homeassistant.core import Event, HomeAssistant
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers.typing import ConfigType
 
@@ -32,6 +32,14 @@ async def async_setup_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> b
     runtime = await async_build_runtime(hass, entry)
     entry.runtime_data = runtime
     entry.async_on_unload(runtime.async_shutdown)
+
+    async def _async_on_hass_stop(_event: Event) -> None:
+        # HA does not unload entries when it stops: hand the transcripts off now.
+        await runtime.async_shutdown()
+
+    entry.async_on_unload(
+        hass.bus.async_listen_once(EVENT_HOMEASSISTANT_STOP, _async_on_hass_stop)
+    )
     await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
     entry.async_on_unload(async_register_control_api(hass, entry))
     entry.async_on_unload(entry.add_update_listener(_async_update_listener))

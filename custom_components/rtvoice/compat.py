@@ -14,6 +14,7 @@ import dataclasses
 from datetime import date, datetime, time
 from decimal import Decimal
 import enum
+import functools
 import inspect
 import json
 import logging
@@ -93,37 +94,6 @@ def llm_context(
     return context_cls(**kwargs)
 
 
-# ── ChatLog.async_update_llm_data -> async_provide_llm_data ───────────────────
-
-
-async def async_provide_llm_data(
-    chat_log: Any,
-    user_input: Any,
-    *,
-    llm_hass_api: str | list[str] | None = None,
-    prompt: str | None = None,
-    extra_system_prompt: str | None = None,
-    platform: str = DOMAIN,
-) -> None:
-    """Give a chat log its system prompt and LLM API, whichever method HA has.
-
-    Newer HA: ``chat_log.async_provide_llm_data(llm_context, api, prompt, extra)``.
-    2025.4: ``chat_log.async_update_llm_data(domain, user_input, api, prompt)``; the
-    extra system prompt is then read from ``user_input`` by HA itself.
-    """
-    if hasattr(chat_log, "async_provide_llm_data"):
-        if extra_system_prompt is None:
-            extra_system_prompt = getattr(user_input, "extra_system_prompt", None)
-        await chat_log.async_provide_llm_data(
-            llm_context(getattr(chat_log, "hass", None), user_input, platform),
-            llm_hass_api,
-            prompt,
-            extra_system_prompt,
-        )
-        return
-    await chat_log.async_update_llm_data(platform, user_input, llm_hass_api, prompt)
-
-
 # ── tool results: a dict (2025.4) or an llm.ToolResult-like object (2026.x) ───
 
 
@@ -168,45 +138,31 @@ def tool_result_to_text(result: Any) -> str:
 # ── schema conversion: voluptuous_openapi.convert -> probatio.to_openapi ──────
 
 
-def convert_schema(
-    schema: Any, custom_serializer: Callable[[Any], Any] | None = None
-) -> dict[str, Any]:
-    """Convert a tool's parameter schema to a JSON schema (OpenAPI flavour).
+@functools.cache
+def schema_converter() -> Callable[..., dict[str, Any]]:
+    """Return the schema converter of this HA version (looked up once).
 
     Newer HA validates with ``probatio`` and converts with ``probatio.to_openapi``;
-    2025.4 uses ``voluptuous_openapi.convert``. The new converter is tried first.
+    2025.4 uses ``voluptuous_openapi.convert``. A failing import searches the disk,
+    so it is tried once per process, not per tool.
     """
     try:
         from probatio import to_openapi  # noqa: PLC0415
     except ImportError:
         from voluptuous_openapi import convert  # noqa: PLC0415
 
-        converted: dict[str, Any] = convert(schema, custom_serializer=custom_serializer)
-        return converted
+        return convert  # type: ignore[no-any-return]
+    return to_openapi  # type: ignore[no-any-return]
+
+
+def convert_schema(
+    schema: Any, custom_serializer: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """Convert a tool's parameter schema to a JSON schema (OpenAPI flavour)."""
+    convert = schema_converter()
     if custom_serializer is None:
-        result: dict[str, Any] = to_openapi(schema)
-    else:
-        result = to_openapi(schema, custom_serializer=custom_serializer)
-    return result
-
-
-# ── streaming TTS: ResultStream.async_set_message_stream (2026.x only) ────────
-
-
-def supports_streaming_tts(result_stream: Any = None) -> bool:
-    """Whether a TTS result stream accepts a stream of text (newer HA).
-
-    With no argument the check is made on ``tts.ResultStream`` itself. Without
-    streaming TTS the caller synthesises sentence by sentence instead.
-    """
-    target = result_stream
-    if target is None:
-        try:
-            from homeassistant.components.tts import ResultStream  # noqa: PLC0415
-        except ImportError:
-            return False
-        target = ResultStream
-    return callable(getattr(target, "async_set_message_stream", None))
+        return convert(schema)
+    return convert(schema, custom_serializer=custom_serializer)
 
 
 # ── conversation.async_converse (satellite_id keyword in 2026.x only) ─────────

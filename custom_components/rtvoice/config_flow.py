@@ -43,6 +43,7 @@ from homeassistant.helpers.selector import (
     TextSelectorType,
 )
 
+from .brain import async_prime_openai
 from .const import (
     BRAIN_HA_AGENT,
     BRAIN_OPENAI,
@@ -90,6 +91,7 @@ from .kernel.openai_provider import (
     ProviderConnectionError,
     ProviderModelNotFoundError,
 )
+from .redact import mask_secret, safe_url
 
 if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
@@ -176,6 +178,7 @@ async def async_validate_openai(
     Returns the form errors (empty when everything is fine). The API key is never
     logged.
     """
+    await async_prime_openai(hass)
     provider = OpenAIChatProvider(
         base_url=base_url,
         api_key=api_key or None,
@@ -194,13 +197,11 @@ async def async_validate_openai(
     except Exception as err:  # noqa: BLE001 - logged below, with the key masked
         # Not LOGGER.exception: the chained SDK error may quote the server's answer,
         # and servers echo keys back. Log the same traceback with the key masked.
-        details = "".join(traceback.format_exception(err))
-        if api_key:
-            details = details.replace(api_key, "***")
+        details = mask_secret("".join(traceback.format_exception(err)), api_key)
         _LOGGER.error(
             "Unexpected error while checking model %s at %s\n%s",
             model,
-            base_url,
+            safe_url(base_url),
             details,
         )
         return {"base": "unknown"}

@@ -100,7 +100,12 @@ EVENT_CONVERSATION_CLOSED: Final = "rtvoice_conversation_closed"
 # Fired when a conversation's model asks the parent: data id, text, satellite.
 EVENT_ASK_PARENT: Final = "rtvoice_ask_parent"
 # Dispatcher signal (format with the entry id) sent by the SessionManager whenever a
-# conversation's state or counters change: args (satellite_entity_id | None, SessionSnapshot).
+# conversation's state or counters change: args (satellite_entity_id | None,
+# kernel ChildStats; state STATE_CLOSED in a conversation's last update).
 SIGNAL_SESSION_UPDATE: Final = "rtvoice_session_update_{}"
+# State of a conversation in its last update (the kernel's ChildState otherwise).
+STATE_CLOSED: Final = "closed"
+# The kernel's id of the parent (the control plane); never a conversation id.
+PARENT_ID: Final = "parent"
 # Owner of the global prompt sections that come from Home Assistant itself.
 PROMPT_OWNER_HASS: Final = "hass"

@@ -34,17 +34,10 @@ from homeassistant.helpers import config_validation as cv, llm
 from homeassistant.util.json import JsonObjectType, JsonValueType
 
 from .const import DEFAULT_NAME
-from .kernel import KernelError
+from .control import FORMAT_TEXT, MAX_PAGE_LIMIT, TRANSCRIPT_FORMATS, id_list
+from .errors import RtVoiceError, UnknownConversationError
+from .kernel.transcript import DEFAULT_PAGE_LIMIT
 from .runtime import RtVoiceConfigEntry
-from .services import (
-    DEFAULT_PAGE_LIMIT,
-    FORMAT_TEXT,
-    MAX_PAGE_LIMIT,
-    TRANSCRIPT_FORMATS,
-    id_list,
-    knows_conversation,
-    transcript_response,
-)
 
 API_ID_PREFIX: Final = "rtvoice_control"
 API_NAME: Final = "Realtime Voice control"
@@ -133,10 +126,10 @@ class _EntryTool(llm.Tool):
         return args
 
     def _unknown(self, conversation_id: str) -> JsonObjectType:
-        sessions = self._entry.runtime_data.sessions
+        control = self._entry.runtime_data.control
         return _error(
             f"no realtime conversation {conversation_id!r}. Known ids:"
-            f" {id_list(sessions.known_ids())}. Use {TOOL_CHILDREN} action=list to see"
+            f" {id_list(control.known_ids())}. Use {TOOL_CHILDREN} action=list to see"
             " the running ones."
         )
 
@@ -193,7 +186,7 @@ class RtChildrenTool(_EntryTool):
 
     def _list(self) -> JsonObjectType:
         conversations: list[JsonValueType] = list(
-            self._entry.runtime_data.sessions.list_conversations()
+            self._entry.runtime_data.control.list_conversations()
         )
         if not conversations:
             return {
@@ -222,10 +215,10 @@ class RtChildrenTool(_EntryTool):
         if satellite is None:
             return _error(f"unknown satellite {requested!r}. {satellites}")
         try:
-            conversation_id = await runtime.sessions.async_start_conversation(
+            conversation_id = await runtime.control.async_start(
                 satellite, args.get("system_prompt") or None
             )
-        except KernelError as err:
+        except RtVoiceError as err:
             return _error(f"could not create the conversation: {err}. {satellites}")
         return {
             "id": conversation_id,
@@ -239,7 +232,7 @@ class RtChildrenTool(_EntryTool):
 
     def _not_live(self, conversation_id: str) -> JsonObjectType:
         """Explain why an id is not a running conversation (ended or unknown)."""
-        if knows_conversation(self._entry, conversation_id):
+        if self._entry.runtime_data.control.knows(conversation_id):
             return _error(
                 f"conversation {conversation_id} has ended; read its transcript with"
                 f" {TOOL_TRANSCRIPT}, or create a new one."
@@ -252,8 +245,8 @@ class RtChildrenTool(_EntryTool):
         if not conversation_id or not text:
             return _error("send needs id and text.")
         try:
-            seq = self._entry.runtime_data.sessions.send(conversation_id, text)
-        except KernelError:
+            seq = self._entry.runtime_data.control.send(conversation_id, text)
+        except UnknownConversationError:
             return self._not_live(conversation_id)
         return {
             "id": conversation_id,
@@ -269,10 +262,10 @@ class RtChildrenTool(_EntryTool):
         if not conversation_id:
             return _error("stop needs id.")
         try:
-            messages = await self._entry.runtime_data.sessions.async_stop_conversation(
+            messages = await self._entry.runtime_data.control.async_stop(
                 conversation_id
             )
-        except KernelError:
+        except UnknownConversationError:
             return self._not_live(conversation_id)
         if messages == 0:
             result = (
@@ -331,10 +324,10 @@ class RtTranscriptTool(_EntryTool):
         conversation_id: str = args["id"]
         offset: int = args["offset"]
         try:
-            page = transcript_response(
-                self._entry, conversation_id, offset, args["limit"], args["format"]
+            page = self._entry.runtime_data.control.transcript(
+                conversation_id, offset, args["limit"], args["format"]
             )
-        except KernelError:
+        except UnknownConversationError:
             return self._unknown(conversation_id)
         total: int = page["total"]
         if offset >= total > 0:

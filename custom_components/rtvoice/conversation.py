@@ -12,7 +12,6 @@ from typing import Literal
 from homeassistant.components import conversation
 from homeassistant.const import MATCH_ALL
 from homeassistant.core import HomeAssistant
-from homeassistant.helpers import chat_session
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .entity import RtVoiceEntity
@@ -21,10 +20,6 @@ from .runtime import RtVoiceConfigEntry
 # Turns are independent calls into the entry's sessions, which serialise what needs
 # it themselves; Home Assistant need not serialise anything.
 PARALLEL_UPDATES = 0
-
-# Whether the base entity opens the chat session and chat log itself and hands them
-# to ``_async_handle_message`` (2025.4 and later); if not, this entity does it.
-_BASE_OPENS_CHAT_LOG = hasattr(conversation.ConversationEntity, "_async_handle_message")
 
 
 async def async_setup_entry(
@@ -72,22 +67,6 @@ class RtVoiceConversationEntity(
         """Unregister the agent."""
         conversation.async_unset_agent(self.hass, self.entry)
         await super().async_will_remove_from_hass()
-
-    if not _BASE_OPENS_CHAT_LOG:  # pragma: no cover - HA versions before 2025.4
-
-        async def async_process(
-            self, user_input: conversation.ConversationInput
-        ) -> conversation.ConversationResult:
-            """Open the chat session and chat log, then handle the message."""
-            with (
-                chat_session.async_get_chat_session(
-                    self.hass, user_input.conversation_id
-                ) as session,
-                conversation.async_get_chat_log(
-                    self.hass, session, user_input
-                ) as chat_log,
-            ):
-                return await self._async_handle_message(user_input, chat_log)
 
     async def _async_handle_message(
         self,

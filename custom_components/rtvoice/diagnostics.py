@@ -10,28 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from yarl import URL
-
-from homeassistant.components.diagnostics import REDACTED, async_redact_data
+from homeassistant.components.diagnostics import async_redact_data
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.core import HomeAssistant
 
 from .const import CONF_API_KEY, CONF_BASE_URL, CONF_PROMPT
 from .kernel import Capability
+from .redact import safe_url
 from .runtime import RtVoiceConfigEntry, RtVoiceRuntime
 
 TO_REDACT: Final = {CONF_API_KEY, CONF_PROMPT}
-
-
-def safe_url(url: str) -> str:
-    """Return a base URL without user info, query and fragment (they may hold keys)."""
-    try:
-        parsed = URL(url)
-    except (TypeError, ValueError):
-        return REDACTED
-    if not parsed.absolute:
-        return REDACTED
-    return str(parsed.with_user(None).with_query(None).with_fragment(None))
 
 
 async def async_get_config_entry_diagnostics(
@@ -74,7 +62,7 @@ def _runtime(runtime: RtVoiceRuntime) -> dict[str, Any]:
         "tools": runtime.tools is not None,
         "satellites": satellites,
         # id, satellite, device, state and counters; no text.
-        "conversations": runtime.sessions.list_conversations(),
+        "conversations": runtime.control.list_conversations(),
         "archived_conversations": [
             {"id": child_id, "messages": len(kernel.transcript(child_id) or ())}
             for child_id in sorted(kernel.archived())

@@ -1,4 +1,9 @@
-"""What one config entry runs: the kernel, its registries, satellites and sessions."""
+"""What one config entry runs, and the one place where it is wired together.
+
+The runtime builds the brain, the registries, the kernel, the satellite directory,
+the session manager and the control plane, and hands each what it needs: data and
+calls flow one way (entity / actions → sessions / control → kernel → output sink).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant
 
 from .brain import async_create_brain
+from .const import PARENT_ID
+from .control import ControlPlane
 from .kernel import ChannelRegistry, Kernel, PromptRegistry, ToolRunner
 from .satellites import SatelliteDirectory
 from .sessions import SessionManager
@@ -23,9 +30,14 @@ class RtVoiceRuntime:
     tools: ToolRunner | None
     satellites: SatelliteDirectory
     sessions: SessionManager
+    control: ControlPlane
 
     async def async_shutdown(self) -> None:
-        """Close every conversation (hand-off included) and stop listening."""
+        """Close every conversation (hand-off included) and stop listening.
+
+        Safe to call twice (HA stopping, then the entry unloading).
+        """
+        await self.control.async_shutdown()
         await self.sessions.async_shutdown()
         self.satellites.async_stop()
 
@@ -36,24 +48,38 @@ type RtVoiceConfigEntry = ConfigEntry[RtVoiceRuntime]
 async def async_build_runtime(
     hass: HomeAssistant, entry: RtVoiceConfigEntry
 ) -> RtVoiceRuntime:
-    """Create the brain, the kernel and the satellite directory of an entry.
+    """Create and wire everything an entry runs.
 
     Raises ConfigEntryNotReady / ConfigEntryAuthFailed when the brain cannot be used.
     """
     channels = ChannelRegistry()
     prompts = PromptRegistry()
     brain = await async_create_brain(hass, entry, prompts)
-    sessions = SessionManager(hass, entry, brain, channels, prompts)
-    satellites = SatelliteDirectory(
-        hass, entry, channels, prompts, on_output=sessions.async_deliver_output
+    satellites = SatelliteDirectory(hass, entry, prompts)
+    sessions = SessionManager(hass, entry, brain, channels, satellites)
+    kernel = Kernel(
+        brain.provider,
+        channels,
+        tools=brain.tools,
+        prompts=prompts,
+        parent_id=PARENT_ID,
+        on_closed=sessions.on_closed,
+        # ask_parent is a tool: with tools off ("none") the model gets no tools
+        # at all, so chat-only models keep working.
+        on_ask_parent=sessions.on_ask_parent if brain.tools is not None else None,
+        on_state=sessions.on_state,
+        # TODO(kernel): on_tool_result=sessions.on_tool_result, then drop the
+        # brain's hook below.
     )
-    sessions.attach_satellites(satellites)
+    brain.on_tool_result = sessions.on_tool_result
+    sessions.start(kernel)
     await satellites.async_start()
     return RtVoiceRuntime(
-        kernel=sessions.kernel,
+        kernel=kernel,
         channels=channels,
         prompts=prompts,
         tools=brain.tools,
         satellites=satellites,
         sessions=sessions,
+        control=ControlPlane(hass, entry, kernel, sessions, satellites),
     )

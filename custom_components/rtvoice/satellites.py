@@ -1,10 +1,12 @@
-"""Every ``assist_satellite`` entity as a realtime channel pair plus prompt sections.
+"""Every ``assist_satellite`` entity: what it is, and its prompt sections.
 
-``SatelliteDirectory`` keeps the kernel's ``ChannelRegistry`` and ``PromptRegistry``
-in step with Home Assistant (DESIGN §5.2): each satellite entity (ESPHome, Wyoming,
-VoIP, ours, …) owns the RT pair ``<entity_id>:in`` / ``<entity_id>:out`` and the
-sections ``satellite_<object_id>.*`` scoped to its entity id (identity, location,
-language, features and the exposed entities of its area).
+``SatelliteDirectory`` keeps the kernel's ``PromptRegistry`` in step with Home
+Assistant (DESIGN §5.2): each satellite entity (ESPHome, Wyoming, VoIP, ours, …) has
+the sections ``satellite_<object_id>.*`` scoped to its entity id (identity,
+location, language, features and the exposed entities of its area). Listeners hear
+when a satellite appears or goes; the session manager gives each the RT channel
+pair ``<entity_id>:in`` / ``<entity_id>:out`` (``channel_names``) with its own
+output handler.
 
 It listens to the entity, device, area and floor registries, to satellite states
 appearing and disappearing (satellites without a registry entry), to the satellites'
@@ -21,11 +23,11 @@ are still stripped of template delimiters and control characters defensively.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from homeassistant.components.assist_pipeline.const import OPTION_PREFERRED
 from homeassistant.components.assist_pipeline.pipeline import (
@@ -36,6 +38,7 @@ from homeassistant.components.assist_pipeline.pipeline import (
 )
 from homeassistant.components.assist_satellite import AssistSatelliteEntityFeature
 from homeassistant.components.homeassistant import exposed_entities
+from homeassistant.config_entries import ConfigEntry
 from homeassistant.const import ATTR_FRIENDLY_NAME, ATTR_SUPPORTED_FEATURES
 from homeassistant.core import (
     CALLBACK_TYPE,
@@ -59,21 +62,18 @@ from homeassistant.helpers.event import (
     async_track_state_removed_domain,
 )
 
-from .kernel import ChannelDef, ChannelRegistry, PromptRegistry, PromptSection
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
+from .compat import ASSISTANT
+from .kernel import ChannelDef, PromptRegistry, PromptSection
 
 _LOGGER = logging.getLogger(__name__)
 
 SATELLITE_DOMAIN = "assist_satellite"
-# The assistant whose exposure settings decide what a satellite's prompt lists.
-EXPOSE_ASSISTANT = "conversation"
 # At most this many exposed entities are named in the "nearby" section.
 NEARBY_LIMIT = 25
 # Names longer than this are cut in prompt texts.
 NAME_LIMIT = 80
 
+# The RT channel pair of a satellite (registered by the session manager).
 SATELLITE_CHANNEL = ChannelDef(realtime=True, no_memory=True)
 
 # Section names (after "<owner>.") and their order: after the global sections.
@@ -91,7 +91,6 @@ FEATURE_TEXT: dict[str, str] = {
     "start_conversation": "start a conversation by itself",
 }
 
-type OutputCallback = Callable[[str, str], Awaitable[None] | None]
 type PresenceListener = Callable[[str, bool], None]
 
 _TEMPLATE_MARKS = re.compile(r"\{[{%#]|[}%#]\}")
@@ -156,23 +155,18 @@ class _Record:
 
 
 class SatelliteDirectory:
-    """Registers every assist satellite as an RT pair and declares its prompt."""
+    """Knows every assist satellite, declares its prompt, reports it coming and going."""
 
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: RtVoiceConfigEntry,
-        channels: ChannelRegistry,
+        entry: ConfigEntry,
         prompts: PromptRegistry,
-        *,
-        on_output: OutputCallback,
     ) -> None:
         """Create a stopped directory; ``async_start`` fills it."""
         self.hass = hass
         self.entry = entry
-        self._channels = channels
         self._prompts = prompts
-        self._on_output = on_output
         self._records: dict[str, _Record] = {}
         self._listeners: list[PresenceListener] = []
         self._unsubs: list[CALLBACK_TYPE] = []
@@ -201,7 +195,7 @@ class SatelliteDirectory:
         if exposed_entities.DATA_EXPOSED_ENTITIES in hass.data:
             self._unsubs.append(
                 exposed_entities.async_listen_entity_updates(
-                    hass, EXPOSE_ASSISTANT, self._schedule_sync
+                    hass, ASSISTANT, self._schedule_sync
                 )
             )
         if (pipelines := hass.data.get(KEY_ASSIST_PIPELINE)) is not None:
@@ -380,7 +374,6 @@ class SatelliteDirectory:
             old = self._records.get(entity_id)
             record = self._build(entity_id, old)
             if old is None:
-                self._register_channels(entity_id)
                 notices.append((entity_id, True))
             self._records[entity_id] = record
         self._retrack()
@@ -399,23 +392,9 @@ class SatelliteDirectory:
                 present.add(entry.entity_id)
         return present
 
-    def _register_channels(self, entity_id: str) -> None:
-        input_name, output_name = channel_names(entity_id)
-        on_output = self._on_output
-
-        def handler(delta: str) -> Awaitable[None] | None:
-            return on_output(entity_id, delta)
-
-        self._channels.register_input(input_name, SATELLITE_CHANNEL)
-        self._channels.register_output(
-            output_name, handler, definition=SATELLITE_CHANNEL
-        )
-
     def _drop(self, entity_id: str) -> None:
-        """Forget a satellite: its channels, its sections and its record."""
+        """Forget a satellite: its sections and its record."""
         self._records.pop(entity_id, None)
-        for name in channel_names(entity_id):
-            self._channels.unregister(name)
         self._prompts.remove_owner(prompt_owner(entity_id))
 
     def _retrack(self) -> None:
@@ -540,7 +519,7 @@ class SatelliteDirectory:
         items: list[str] = []
         for entry in members:
             if entry.entity_id == entity_id or not exposed_entities.async_should_expose(
-                self.hass, EXPOSE_ASSISTANT, entry.entity_id
+                self.hass, ASSISTANT, entry.entity_id
             ):
                 continue
             state = self.hass.states.get(entry.entity_id)

@@ -24,6 +24,7 @@ a satellite that is gone are removed from the entity registry.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 import logging
@@ -42,11 +43,11 @@ from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from .const import DOMAIN, SIGNAL_SESSION_UPDATE
+from .const import DOMAIN, SIGNAL_SESSION_UPDATE, STATE_CLOSED
 from .entity import RtVoiceEntity
+from .kernel import ChildState, ChildStats
 from .runtime import RtVoiceConfigEntry
 from .satellites import SatelliteDirectory
-from .sessions import STATE_CLOSED, SessionSnapshot
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -55,23 +56,29 @@ PARALLEL_UPDATES = 0
 
 STATE_IDLE: Final = "idle"  # no conversation on the satellite
 STATE_LISTENING: Final = "listening"  # a conversation waits for the user
-STATE_OPTIONS: Final = [STATE_IDLE, STATE_LISTENING, "thinking", "speaking", "tool"]
+STATE_OPTIONS: Final = [
+    STATE_IDLE,
+    STATE_LISTENING,
+    ChildState.THINKING.value,
+    ChildState.SPEAKING.value,
+    ChildState.TOOL.value,
+]
 
-# Kernel child state (SessionSnapshot.state) -> sensor state.
+# Kernel child state (ChildStats.state) -> sensor state.
 _STATE_MAP: Final = {
     STATE_CLOSED: STATE_IDLE,
-    "idle": STATE_LISTENING,
-    "thinking": "thinking",
-    "speaking": "speaking",
-    "tool": "tool",
+    ChildState.IDLE.value: STATE_LISTENING,
+    ChildState.THINKING.value: ChildState.THINKING.value,
+    ChildState.SPEAKING.value: ChildState.SPEAKING.value,
+    ChildState.TOOL.value: ChildState.TOOL.value,
 }
 
 
 @dataclass(frozen=True, kw_only=True)
 class RtVoiceCounterDescription(SensorEntityDescription):
-    """A counter of a satellite's conversations and where a snapshot holds it."""
+    """A counter of a satellite's conversations and where the kernel's stats hold it."""
 
-    value_fn: Callable[[SessionSnapshot], int]
+    value_fn: Callable[[ChildStats], int]
 
 
 STATE_DESCRIPTION: Final = SensorEntityDescription(
@@ -87,25 +94,28 @@ COUNTERS: Final[tuple[RtVoiceCounterDescription, ...]] = (
         translation_key="rounds",
         entity_category=EntityCategory.DIAGNOSTIC,
         state_class=SensorStateClass.TOTAL_INCREASING,
-        value_fn=lambda snapshot: snapshot.rounds,
+        value_fn=lambda stats: stats.rounds,
     ),
     RtVoiceCounterDescription(
         key="dropped_inputs",
         translation_key="dropped_inputs",
         entity_category=EntityCategory.DIAGNOSTIC,
         state_class=SensorStateClass.TOTAL_INCREASING,
-        value_fn=lambda snapshot: snapshot.dropped,
+        value_fn=lambda stats: stats.dropped,
     ),
     RtVoiceCounterDescription(
         key="suppressed_cancels",
         translation_key="suppressed_cancels",
         entity_category=EntityCategory.DIAGNOSTIC,
         state_class=SensorStateClass.TOTAL_INCREASING,
-        value_fn=lambda snapshot: snapshot.suppressed_cancels,
+        value_fn=lambda stats: stats.suppressed_cancels,
     ),
 )
 
 SENSOR_KEYS: Final = (STATE_DESCRIPTION.key, *(c.key for c in COUNTERS))
+# Closed conversations remembered to ignore their late updates. A conversation
+# sends nothing after its closed update, so a few recent ones are plenty.
+CLOSED_MEMORY: Final = 8
 
 
 def unique_id(entry_id: str, satellite: str, key: str) -> str:
@@ -126,8 +136,10 @@ class SatelliteActivity:
 
     Counters of a conversation only grow; the totals are the sum over every
     conversation of the runtime. A conversation's values are final once its closed
-    snapshot arrives; later (stale) snapshots of a closed conversation are ignored,
+    update arrives; later (stale) updates of a closed conversation are ignored,
     so an update that overtakes another one never counts twice or goes backwards.
+    Only the last ``CLOSED_MEMORY`` closed ids are remembered: memory stays flat
+    however many conversations a satellite has.
     """
 
     def __init__(self, satellite: str) -> None:
@@ -135,7 +147,7 @@ class SatelliteActivity:
         self.satellite = satellite
         self._closed_totals = dict.fromkeys((c.key for c in COUNTERS), 0)
         self._live: dict[str, _Live] = {}  # by conversation id, least recent first
-        self._closed: set[str] = set()
+        self._closed: OrderedDict[str, None] = OrderedDict()
         self._listeners: list[CALLBACK_TYPE] = []
 
     @property
@@ -152,26 +164,33 @@ class SatelliteActivity:
         )
 
     @callback
-    def async_update(self, snapshot: SessionSnapshot) -> None:
-        """Fold a snapshot of one of the satellite's conversations in."""
-        conversation_id = snapshot.conversation_id
+    def async_update(self, stats: ChildStats) -> None:
+        """Fold an update of one of the satellite's conversations in."""
+        conversation_id = stats.id
         if conversation_id in self._closed:
             return
         live = self._live.pop(conversation_id, None)
         counts = {
-            c.key: max(c.value_fn(snapshot), live.counts[c.key] if live else 0)
+            c.key: max(c.value_fn(stats), live.counts[c.key] if live else 0)
             for c in COUNTERS
         }
-        if snapshot.state == STATE_CLOSED:
-            self._closed.add(conversation_id)
+        if stats.state == STATE_CLOSED:
+            self._closed[conversation_id] = None
+            if len(self._closed) > CLOSED_MEMORY:
+                self._closed.popitem(last=False)
             for key, value in counts.items():
                 self._closed_totals[key] += value
         else:
             self._live[conversation_id] = _Live(
-                _STATE_MAP.get(snapshot.state, STATE_LISTENING), counts
+                _STATE_MAP.get(stats.state, STATE_LISTENING), counts
             )
         for listener in list(self._listeners):
             listener()
+
+    @property
+    def remembered(self) -> int:
+        """How many conversations the activity holds (open, and recently closed)."""
+        return len(self._live) + len(self._closed)
 
     @callback
     def async_add_listener(self, listener: CALLBACK_TYPE) -> CALLBACK_TYPE:
@@ -202,8 +221,8 @@ async def async_setup_entry(
         if info is None or satellite in activities:
             return
         activity = activities[satellite] = SatelliteActivity(satellite)
-        if (snapshot := runtime.sessions.snapshot(satellite)) is not None:
-            activity.async_update(snapshot)
+        if (stats := runtime.sessions.stats(satellite)) is not None:
+            activity.async_update(stats)
         entities: list[RtVoiceSatelliteSensor] = [
             RtVoiceStateSensor(entry, activity, info.name)
         ]
@@ -226,9 +245,9 @@ async def async_setup_entry(
                 ent_reg.async_remove(entity_id)
 
     @callback
-    def on_session_update(satellite: str | None, snapshot: SessionSnapshot) -> None:
+    def on_session_update(satellite: str | None, stats: ChildStats) -> None:
         if satellite is not None and (activity := activities.get(satellite)):
-            activity.async_update(snapshot)
+            activity.async_update(stats)
 
     _remove_stale(ent_reg, entry, directory)
     entry.async_on_unload(directory.async_add_listener(on_satellite))

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 import inspect
-import json
-from typing import Any, Final
+from typing import Final
 
 import voluptuous as vol
 
@@ -42,9 +41,10 @@ from homeassistant.helpers import config_validation as cv, service as service_he
 from homeassistant.util.json import JsonValueType
 
 from .const import DOMAIN
-from .kernel import KernelError
+from .control import FORMAT_TEXT, MAX_PAGE_LIMIT, TRANSCRIPT_FORMATS, id_list
+from .errors import UnknownConversationError, UnknownSatelliteError
+from .kernel.transcript import DEFAULT_PAGE_LIMIT
 from .runtime import RtVoiceConfigEntry
-from .sessions import UnknownSatelliteError
 
 SERVICE_START_CONVERSATION: Final = "start_conversation"
 SERVICE_SEND: Final = "send"
@@ -60,15 +60,6 @@ ATTR_TEXT: Final = "text"
 ATTR_OFFSET: Final = "offset"
 ATTR_LIMIT: Final = "limit"
 ATTR_FORMAT: Final = "format"
-
-FORMAT_TEXT: Final = "text"
-FORMAT_RAW: Final = "raw"
-TRANSCRIPT_FORMATS: Final = (FORMAT_TEXT, FORMAT_RAW)
-DEFAULT_PAGE_LIMIT: Final = 40
-MAX_PAGE_LIMIT: Final = 500
-
-# At most this many ids are named in an "unknown conversation" message.
-MAX_IDS_IN_MESSAGE: Final = 20
 
 _CONVERSATION_ID = vol.All(cv.string, vol.Length(min=1))
 
@@ -103,49 +94,6 @@ GET_TRANSCRIPT_SCHEMA: Final = vol.Schema(
 )
 
 type _Handler = Callable[[ServiceCall], Awaitable[ServiceResponse]]
-
-
-# ── helpers shared with the control LLM API ──────────────────────────────────
-
-
-def id_list(ids: Iterable[str], limit: int = MAX_IDS_IN_MESSAGE) -> str:
-    """Ids for a message: comma separated, at most ``limit``, "none" when empty."""
-    ids = list(ids)
-    if not ids:
-        return "none"
-    text = ", ".join(ids[:limit])
-    if len(ids) > limit:
-        text += f" … (+{len(ids) - limit} more)"
-    return text
-
-
-def transcript_response(
-    entry: RtVoiceConfigEntry,
-    conversation_id: str,
-    offset: int,
-    limit: int,
-    fmt: str,
-) -> dict[str, Any]:
-    """One transcript page: ``conversation_id``, ``offset``, ``total``, ``transcript``.
-
-    ``transcript`` is the text rendering (one line per message) or, for ``raw``, the
-    list of messages as JSON objects. Raises ``KernelError`` for an unknown id.
-    """
-    sessions = entry.runtime_data.sessions
-    raw = json.loads(
-        sessions.transcript_page(conversation_id, offset, limit, FORMAT_RAW)
-    )
-    transcript: Any = raw["messages"]
-    if fmt == FORMAT_TEXT:
-        transcript = sessions.transcript_page(
-            conversation_id, offset, limit, FORMAT_TEXT
-        )
-    return {
-        "conversation_id": conversation_id,
-        "offset": offset,
-        "total": raw["total"],
-        "transcript": transcript,
-    }
 
 
 # ── resolving the entry a call is about ──────────────────────────────────────
@@ -188,16 +136,11 @@ def _entry_for_start(hass: HomeAssistant, entry_id: str | None) -> RtVoiceConfig
     return entries[0]
 
 
-def knows_conversation(entry: RtVoiceConfigEntry, conversation_id: str) -> bool:
-    """Whether the entry knows the id (a live or an archived conversation)."""
-    return entry.runtime_data.sessions.knows(conversation_id)
-
-
 def _unknown_conversation(
     conversation_id: str, entries: Iterable[RtVoiceConfigEntry]
 ) -> ServiceValidationError:
     known = sorted(
-        {i for entry in entries for i in entry.runtime_data.sessions.known_ids()}
+        {i for entry in entries for i in entry.runtime_data.control.known_ids()}
     )
     return ServiceValidationError(
         translation_domain=DOMAIN,
@@ -215,7 +158,7 @@ def _entry_for_conversation(
     """Return the loaded entry that knows the conversation (live or archived)."""
     entries = _loaded_entries(hass)
     for entry in entries:
-        if knows_conversation(entry, conversation_id):
+        if entry.runtime_data.control.knows(conversation_id):
             return entry
     raise _unknown_conversation(conversation_id, entries)
 
@@ -236,7 +179,7 @@ async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
     runtime = entry.runtime_data
     satellite: str | None = call.data.get(ATTR_SATELLITE)
     try:
-        conversation_id = await runtime.sessions.async_start_conversation(
+        conversation_id = await runtime.control.async_start(
             satellite, call.data.get(ATTR_SYSTEM_PROMPT) or None
         )
     except UnknownSatelliteError as err:
@@ -248,7 +191,7 @@ async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
                 "satellites": id_list(runtime.satellites.satellites(), limit=50),
             },
         ) from err
-    except KernelError as err:
+    except HomeAssistantError as err:
         raise HomeAssistantError(
             translation_domain=DOMAIN,
             translation_key="start_failed",
@@ -261,8 +204,8 @@ async def _async_send(call: ServiceCall) -> ServiceResponse:
     conversation_id: str = call.data[ATTR_CONVERSATION_ID]
     entry = _entry_for_conversation(call.hass, conversation_id)
     try:
-        seq = entry.runtime_data.sessions.send(conversation_id, call.data[ATTR_TEXT])
-    except KernelError as err:  # known, but no longer live: archived or closing
+        seq = entry.runtime_data.control.send(conversation_id, call.data[ATTR_TEXT])
+    except UnknownConversationError as err:  # known, but not live: ended or closing
         raise _closed_error(conversation_id) from err
     return {"seq": seq}
 
@@ -271,10 +214,8 @@ async def _async_stop_conversation(call: ServiceCall) -> ServiceResponse:
     conversation_id: str = call.data[ATTR_CONVERSATION_ID]
     entry = _entry_for_conversation(call.hass, conversation_id)
     try:
-        messages = await entry.runtime_data.sessions.async_stop_conversation(
-            conversation_id
-        )
-    except KernelError as err:  # known, but no longer live: archived or closing
+        messages = await entry.runtime_data.control.async_stop(conversation_id)
+    except UnknownConversationError as err:  # known, but not live: ended or closing
         raise _closed_error(conversation_id) from err
     return {"messages": messages}
 
@@ -284,7 +225,7 @@ async def _async_list_conversations(call: ServiceCall) -> ServiceResponse:
     for entry in _loaded_entries(call.hass):
         conversations.extend(
             {**item, "config_entry_id": entry.entry_id}
-            for item in entry.runtime_data.sessions.list_conversations()
+            for item in entry.runtime_data.control.list_conversations()
         )
     return {"conversations": conversations}
 
@@ -293,8 +234,7 @@ async def _async_get_transcript(call: ServiceCall) -> ServiceResponse:
     conversation_id: str = call.data[ATTR_CONVERSATION_ID]
     entry = _entry_for_conversation(call.hass, conversation_id)
     # No await since the lookup: the transcript cannot have gone meanwhile.
-    return transcript_response(
-        entry,
+    return entry.runtime_data.control.transcript(
         conversation_id,
         call.data[ATTR_OFFSET],
         call.data[ATTR_LIMIT],

@@ -1,32 +1,38 @@
 """Conversations: one kernel child each, routed by satellite, device or id.
 
-The ``SessionManager`` owns the entry's ``Kernel``. A *session* is one realtime child
-(its id is the conversation id handed to Home Assistant). It is found by the satellite
-the turn comes from, else by the device, else by the conversation id (DESIGN §5.3):
+A *session* is one realtime child of the entry's kernel (its id is the conversation
+id handed to Home Assistant). This module keeps routing, the lifecycle of sessions,
+carry-over and the idle timer; HA's chat log is written by ``chat_feed`` and the
+control plane (actions, the control LLM API) lives in ``control``.
 
-- One session per satellite (or device). A turn with a conversation id the session does
-  not know is a new conversation on that satellite: the old child is closed (transcript
-  hand-off) and a new one spawned. Two exceptions keep a call together: the first turn
-  after Home Assistant cancelled a turn of the session (a barge-in: a cancelled pipeline
-  run never stores its chat session, so HA hands the next run a fresh id), and the first
-  turn after a conversation was started by the control plane
-  (``rtvoice.start_conversation``). The new id then becomes an alias of the session.
-- ``async_converse`` pushes the text (with a carried-over superseded input) and awaits
-  the outcome of its round, shielded. If HA cancels the caller, the round is
+Routing (DESIGN §5.3): a turn is found by the satellite it comes from, else by the
+device, else by the conversation id.
+
+- One session per satellite (or device). A turn with a conversation id the session
+  does not know is a new conversation on that satellite: the old child is closed
+  (transcript hand-off) and a new one spawned. Two exceptions keep a call together:
+  the first turn after Home Assistant cancelled a turn of the session (a barge-in,
+  also one that came while the turn was being routed or prepared: a cancelled
+  pipeline run never stores its chat session, so HA hands the next run a fresh id),
+  and the first turn after a conversation was started by the control plane. The new
+  id then becomes an alias of the session.
+- Routing locks per satellite (device, or id): closing a conversation may wait for a
+  running device action, and that holds up only its own satellite.
+- A session is closed once: the close takes it out of every map at once and runs one
+  teardown task that every caller awaits (shielded), so a cancelled caller never
+  leaves a half-closed child behind.
+- ``async_converse`` pushes the text (with a carried-over superseded input) and
+  awaits the outcome of its round, shielded. If HA cancels the caller, the round is
   interrupted (tools still complete) and the cancellation propagates.
-- Deltas of the round arrive through the session's output channel and are streamed into
-  HA's chat log as content only; tool calls and results are recorded after they
-  finished (the kernel runs the tools, never HA's chat log).
-- Every session has exactly one idle timer, reset on every turn; when it expires the
-  session closes (hand-off). Nothing runs while nobody talks.
+- Every session has exactly one idle timer while it lives, reset on every turn; when
+  it expires the session closes (hand-off). It is the only timer, and it exists only
+  while a conversation does.
 
-The brain's availability is logged once per change: one warning when a round fails
-after a working one (error type and short message), one info when a round completes
-again; failures in between are logged at debug level.
+Wiring goes one way: the session manager registers the satellites' channel pairs
+with its own output handler when the satellite directory reports them, and the
+runtime hands it the kernel it built.
 
-Answers of rounds started by the control plane (``send``) are spoken on the
-satellite with ``assist_satellite.announce`` when the satellite supports announcements;
-otherwise they are only kept in the transcript.
+The brain's availability is logged once per change (``availability``).
 """
 
 from __future__ import annotations
@@ -37,31 +43,27 @@ import contextlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
-import json
 import logging
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final
 
 from homeassistant.components.conversation import (
-    AssistantContent,
-    AssistantContentDeltaDict,
     ChatLog,
     ConversationInput,
     ConversationResult,
-    ToolResultContent,
 )
-from homeassistant.const import EVENT_HOMEASSISTANT_STOP
-from homeassistant.core import CALLBACK_TYPE, Context, Event, HomeAssistant, callback
-from homeassistant.exceptions import HomeAssistantError, TemplateError
-from homeassistant.helpers import intent, llm, template
+from homeassistant.config_entries import ConfigEntry
+from homeassistant.core import CALLBACK_TYPE, Context, HomeAssistant, callback
+from homeassistant.exceptions import TemplateError
+from homeassistant.helpers import template
 from homeassistant.helpers.dispatcher import async_dispatcher_send
 from homeassistant.helpers.event import async_call_later
 from homeassistant.util.ulid import ulid_now
 
 from . import compat
-from .brain import Brain, TurnContext
+from .availability import BrainAvailability
+from .brain import Brain
+from .chat_feed import ChatLogFeed, conversation_result
 from .const import (
-    BRAIN_HA_AGENT,
-    CONF_API_KEY,
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
     CONF_IDLE_TIMEOUT,
@@ -75,98 +77,53 @@ from .const import (
     EVENT_ASK_PARENT,
     EVENT_CONVERSATION_CLOSED,
     SIGNAL_SESSION_UPDATE,
+    STATE_CLOSED,
 )
+from .errors import UnknownConversationError
 from .kernel import (
     Capability,
     ChannelDef,
     ChannelRegistry,
     ChildOptions,
+    ChildStats,
     Kernel,
     KernelError,
     Outcome,
-    PromptRegistry,
     Ticket,
     ToolCall,
 )
-from .satellites import SatelliteDirectory, channel_names
-
-if TYPE_CHECKING:
-    from .runtime import RtVoiceConfigEntry
+from .satellites import SATELLITE_CHANNEL, SatelliteDirectory, channel_names
+from .speech import join_parts
+from .turn import TurnContext
 
 _LOGGER = logging.getLogger(__name__)
 
-APOLOGY: Final = "Sorry, I couldn't reach the language model."
-STATE_CLOSED: Final = "closed"
-FEATURE_ANNOUNCE: Final = "announce"
-_MAX_LOGGED_ERROR: Final = 200  # characters of an error message in the log
-_RT: Final = ChannelDef(realtime=True)
-
-
-class UnknownSatelliteError(KernelError, ValueError):
-    """The named satellite is not an ``assist_satellite`` this entry knows."""
-
-
-class UnknownConversationError(KernelError):
-    """No live conversation has that id; the message lists the known ids."""
-
-
-@dataclass(frozen=True)
-class SessionSnapshot:
-    """State and counters of one conversation, for sensors and diagnostics.
-
-    ``state`` is a ``ChildState`` value (idle, thinking, speaking, tool) or
-    ``"closed"`` once the conversation has ended.
-    """
-
-    conversation_id: str
-    satellite: str | None
-    state: str
-    rounds: int = 0
-    last_seq: int = 0
-    pending: bool = False  # an input waits for its round (e.g. behind a tool)
-    dropped: int = 0
-    suppressed_cancels: int = 0
-    interrupted: int = 0
-    superseded: int = 0
-    completed: int = 0
-    failed: int = 0
-    tool_calls: int = 0
-    messages: int = 0
-    first_delta_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class _ToolRecord:
-    """A finished tool call, to be written into the chat log."""
-
-    call: ToolCall
-    result: str
-
-
-class _End:
-    """Sentinel that ends a turn's delta feed."""
-
-
-_END: Final = _End()
-
-type _FeedItem = str | _ToolRecord | _End
+_ADHOC_CHANNEL: Final = ChannelDef(realtime=True)
 
 
 @dataclass
 class _Input:
-    """The newest input pushed into a session, for carry-over and routing of output."""
+    """The newest input pushed into a session, for carry-over and routing of output.
+
+    ``parts`` are the texts of its answer, one per model call: a finished tool call
+    starts a new part, so the spoken answer can be joined as a person reads it.
+    """
 
     text: str
     ticket: Ticket
+    parts: list[list[str]] = field(default_factory=lambda: [[]])
+
+    def spoken(self) -> str:
+        """Return the answer so far, its parts joined as one utterance."""
+        return join_parts("".join(part) for part in self.parts)
 
 
 @dataclass
 class _Turn:
-    """One ``async_converse`` call waiting for its round."""
+    """One ``async_converse`` call waiting for its round, and its chat log feed."""
 
     seq: int
-    queue: asyncio.Queue[_FeedItem]
-    feeder: asyncio.Task[None] | None = None
+    feed: ChatLogFeed
 
 
 @dataclass
@@ -180,98 +137,74 @@ class _Session:
     input_channel: str
     output_channel: str
     adhoc: bool  # the channel pair was registered for this session
+    prompt_scope: str  # the satellite, else the session's own id
     ids: set[str] = field(default_factory=set)  # own id + aliases HA used
     adopt_new_id: bool = False  # the next unknown id on this key continues it
     last_input: _Input | None = None
     turn: _Turn | None = None
     turns_running: int = 0
     idle_unsub: CALLBACK_TYPE | None = None
-    closing: bool = False
+    close_task: asyncio.Task[int] | None = None  # set once: the one teardown
+
+    @property
+    def closing(self) -> bool:
+        """Whether the session's teardown has begun (it is out of every map)."""
+        return self.close_task is not None
 
 
-def _spoken_result(
-    language: str, conversation_id: str, speech: str
-) -> ConversationResult:
-    response = intent.IntentResponse(language=language)
-    response.async_set_speech(speech)
-    return ConversationResult(
-        response=response,
-        conversation_id=conversation_id,
-        continue_conversation=speech.strip().endswith(("?", ";")),
-    )
+@dataclass(frozen=True)
+class Conversation:
+    """A live conversation as the control plane lists it."""
+
+    id: str
+    satellite: str | None
+    device_id: str | None
+    stats: ChildStats
 
 
-def _tool_result_object(result: str) -> dict[str, Any]:
-    """Return a tool result as the JSON object HA's chat log stores."""
-    try:
-        value = json.loads(result)
-    except ValueError:
-        return {"result": result}
-    return value if isinstance(value, dict) else {"result": value}
+class _KeyLocks:
+    """One lock per routing key, alive while a caller holds or waits for it."""
 
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
-async def _text_segment(
-    queue: asyncio.Queue[_FeedItem], first: str, rest: list[_FeedItem]
-) -> AsyncIterator[AssistantContentDeltaDict]:
-    """Yield one assistant message's deltas; the item that ended it goes to ``rest``."""
-    yield {"role": "assistant"}
-    yield {"content": first}
-    while isinstance(item := await queue.get(), str):
-        yield {"content": item}
-    rest.append(item)
-
-
-def _record_tool(chat_log: ChatLog, agent_id: str, record: _ToolRecord) -> None:
-    """Append a finished call and its result (HA must not run it: append directly)."""
-    call = record.call
-    chat_log.content.append(
-        AssistantContent(
-            agent_id=agent_id,
-            tool_calls=[
-                llm.ToolInput(id=call.id, tool_name=call.name, tool_args=call.arguments)
-            ],
-        )
-    )
-    chat_log.content.append(
-        ToolResultContent(
-            agent_id=agent_id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-            tool_result=_tool_result_object(record.result),
-        )
-    )
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Hold the lock of ``key`` (cancellation while waiting is safe)."""
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
 
 class SessionManager:
     """Conversations of one config entry (DESIGN §5.3, docs/architecture.md)."""
 
+    _kernel: Kernel
+
     def __init__(
         self,
         hass: HomeAssistant,
-        entry: RtVoiceConfigEntry,
+        entry: ConfigEntry,
         brain: Brain,
         channels: ChannelRegistry,
-        prompts: PromptRegistry,
+        satellites: SatelliteDirectory,
     ) -> None:
-        """Create the kernel of the entry; sessions start on demand."""
+        """Create the manager; ``start`` gives it the kernel, sessions start on demand."""
         self._hass = hass
         self._entry = entry
         self._brain = brain
         self._channels = channels
-        self._prompts = prompts
-        self.kernel = Kernel(
-            brain.provider,
-            channels,
-            tools=brain.tools,
-            prompts=prompts,
-            parent_id="parent",
-            on_closed=self._on_closed,
-            # ask_parent is a tool: with tools off ("none") the model gets no tools
-            # at all, so chat-only models keep working.
-            on_ask_parent=self._on_ask_parent if brain.tools is not None else None,
-            on_state=self._on_state,
-        )
-        brain.on_tool_result = self._on_tool_result
+        self._satellites = satellites
         options = entry.options
         self._prompt_template: str = options.get(CONF_PROMPT) or ""
         self._context_window = int(
@@ -283,39 +216,48 @@ class SessionManager:
         self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
         self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
         self._signal = SIGNAL_SESSION_UPDATE.format(entry.entry_id)
-        self._satellites: SatelliteDirectory | None = None
         self._sessions: dict[str, _Session] = {}  # by session id
         self._by_alias: dict[str, _Session] = {}  # every id a session answers to
         self._by_key: dict[str, _Session] = {}  # satellite / device key
         self._satellite_of: dict[str, str | None] = {}  # also for closed ids
-        self._lock = asyncio.Lock()
+        self._satellite_pairs: set[str] = set()  # satellites whose pair we hold
+        self._locks = _KeyLocks()
         self._close_tasks: set[asyncio.Task[Any]] = set()
-        self._announce_tasks: set[asyncio.Task[Any]] = set()
         self._unsubs: list[CALLBACK_TYPE] = []
-        self._stop_unsub: CALLBACK_TYPE | None = hass.bus.async_listen_once(
-            EVENT_HOMEASSISTANT_STOP, self._on_hass_stop
-        )
         self._shut_down = False
-        # The last round that ended failed: the outage has been logged once.
-        self._brain_unavailable = False
+        self._availability = BrainAvailability(entry, brain.kind)
 
     # ── wiring ────────────────────────────────────────────────────────────
 
-    def attach_satellites(self, satellites: SatelliteDirectory) -> None:
-        """Route by satellite and close sessions of satellites that disappear."""
-        self._satellites = satellites
-        self._unsubs.append(satellites.async_add_listener(self._on_satellite_change))
+    def start(self, kernel: Kernel) -> None:
+        """Use ``kernel`` (built by the runtime) and follow the satellites.
+
+        Call before the directory starts: it reports every satellite it finds, and
+        each gets its RT channel pair here, with this manager's output handler.
+        """
+        self._kernel = kernel
+        self._unsubs.append(
+            self._satellites.async_add_listener(self._on_satellite_change)
+        )
 
     @callback
     def _on_satellite_change(self, entity_id: str, present: bool) -> None:
-        if present or (session := self._by_key.get(entity_id)) is None:
+        input_name, output_name = channel_names(entity_id)
+        if present:
+            self._satellite_pairs.add(entity_id)
+            self._channels.register_input(input_name, SATELLITE_CHANNEL)
+            self._channels.register_output(
+                output_name,
+                partial(self._on_satellite_delta, entity_id),
+                definition=SATELLITE_CHANNEL,
+            )
             return
-        _LOGGER.debug("Satellite %s is gone; closing %s", entity_id, session.id)
-        self._close_later(session)
-
-    async def _on_hass_stop(self, _event: Event) -> None:
-        self._stop_unsub = None  # a fired once-listener must not be removed again
-        await self.async_shutdown()
+        self._satellite_pairs.discard(entity_id)
+        self._channels.unregister(input_name)
+        self._channels.unregister(output_name)
+        if (session := self._by_key.get(entity_id)) is not None:
+            _LOGGER.debug("Satellite %s is gone; closing %s", entity_id, session.id)
+            self._close(session)
 
     # ── Home Assistant's conversation agent ───────────────────────────────
 
@@ -323,7 +265,13 @@ class SessionManager:
         self, user_input: ConversationInput, chat_log: ChatLog, agent_id: str
     ) -> ConversationResult:
         """Answer one turn of a conversation (the conversation entity calls this)."""
-        session = await self._async_route(user_input, chat_log)
+        try:
+            session = await self._async_route(user_input, chat_log)
+        except asyncio.CancelledError:
+            # A barge-in before the push: the satellite's conversation goes on.
+            _satellite, key = self._route_key(user_input)
+            self._barged_in(self._by_key.get(key) if key is not None else None)
+            raise
         self._brain.set_turn(
             session.id,
             TurnContext(
@@ -332,15 +280,28 @@ class SessionManager:
                 device_id=user_input.device_id,
                 satellite_id=session.satellite,
                 conversation_id=session.id,
+                prompt_scope=session.prompt_scope,
             ),
         )
-        await self._brain.async_prepare(session.id)
+        try:
+            await self._brain.async_prepare(session.id)
+        except asyncio.CancelledError:
+            self._barged_in(session)
+            raise
         ticket = self._push(session, user_input.text)
-        turn = _Turn(ticket.seq, asyncio.Queue())
-        turn.feeder = self._entry.async_create_background_task(
-            self._hass,
-            self._async_feed(turn, chat_log, agent_id),
-            f"{DOMAIN} chat log feed {session.id}#{ticket.seq}",
+        # TODO(kernel): with ChildOptions.delivery, this feed acknowledges what it
+        # delivered (Kernel.acknowledge(child_id, seq, chars, final)): on HA 2025.4
+        # a satellite hears only the finished answer, so a cut answer was never
+        # heard; a text caller that shows deltas has seen them.
+        turn = _Turn(
+            ticket.seq,
+            ChatLogFeed(
+                self._hass,
+                self._entry,
+                chat_log,
+                agent_id,
+                f"{session.id}#{ticket.seq}",
+            ),
         )
         session.turn = turn
         session.turns_running += 1
@@ -355,61 +316,63 @@ class SessionManager:
         await self._async_end_turn(session, turn, cancel=False)
         if outcome.status == "completed":
             session.adopt_new_id = False
-        return self._result(user_input.language, session, outcome, chat_log, agent_id)
-
-    def _result(
-        self,
-        language: str,
-        session: _Session,
-        outcome: Outcome,
-        chat_log: ChatLog,
-        agent_id: str,
-    ) -> ConversationResult:
-        if outcome.status != "failed":
-            reply = self._brain.agent_reply(session.id)
-            if (
-                outcome.status == "completed"
-                and reply is not None
-                and reply.response_type is intent.IntentResponseType.ERROR
-            ):
-                # The delegated agent could not do it: say so as HA's agent would.
-                response = intent.IntentResponse(language=language)
-                response.async_set_error(
-                    reply.error_code or intent.IntentResponseErrorCode.UNKNOWN,
-                    outcome.text,
-                )
-                return ConversationResult(response=response, conversation_id=session.id)
-            return _spoken_result(language, session.id, outcome.text)
-        _LOGGER.debug("Conversation %s: the round failed", session.id)
-        chat_log.async_add_assistant_content_without_tools(
-            AssistantContent(agent_id=agent_id, content=APOLOGY)
+        elif outcome.status == "failed":
+            _LOGGER.debug("Conversation %s: the round failed", session.id)
+        return conversation_result(
+            outcome,
+            language=user_input.language,
+            conversation_id=session.id,
+            speech=self._spoken(session, ticket, outcome),
+            agent_reply=self._brain.agent_reply(session.id),
+            chat_log=chat_log,
+            agent_id=agent_id,
         )
-        response = intent.IntentResponse(language=language)
-        response.async_set_error(intent.IntentResponseErrorCode.UNKNOWN, APOLOGY)
-        return ConversationResult(response=response, conversation_id=session.id)
+
+    @staticmethod
+    def _spoken(session: _Session, ticket: Ticket, outcome: Outcome) -> str:
+        """Return the spoken answer of a round: its parts joined, not glued.
+
+        TODO(kernel): once ``Kernel.record_reply(child_id, seq, text)`` lands, record
+        this text as the round's reply here, so history holds what was said.
+        """
+        newest = session.last_input
+        if newest is not None and newest.ticket is ticket:
+            return newest.spoken()
+        return outcome.text
+
+    def _barged_in(self, session: _Session | None) -> None:
+        """HA cancelled a turn of the session: its next unknown id continues it."""
+        if session is not None and not session.closing:
+            session.adopt_new_id = True
 
     def _caller_cancelled(self, session: _Session, ticket: Ticket) -> None:
         """HA cancelled the caller: take its input back (tools still complete)."""
-        session.adopt_new_id = True
+        self._barged_in(session)
         if ticket.outcome.done():
             return  # the answer was complete already: nothing to cut
         with contextlib.suppress(KernelError):  # closing: the close settles the ticket
-            if self.kernel.withdraw(session.id, ticket.seq):
+            if self._kernel.withdraw(session.id, ticket.seq):
                 self._send_update(session)
+
+    def _route_key(
+        self, user_input: ConversationInput
+    ) -> tuple[str | None, str | None]:
+        """Return the satellite of a turn and its routing key (None: by id only)."""
+        satellite = compat.satellite_id(user_input)
+        device_id = user_input.device_id
+        if satellite is None and device_id:
+            satellite = self._satellites.entity_for_device(device_id)
+        return satellite, satellite or (f"device:{device_id}" if device_id else None)
 
     async def _async_route(
         self, user_input: ConversationInput, chat_log: ChatLog
     ) -> _Session:
         """Find or start the session of a turn (a new id on a satellite closes the old)."""
-        satellite = compat.satellite_id(user_input)
-        device_id = user_input.device_id
-        if satellite is None and device_id and self._satellites is not None:
-            satellite = self._satellites.entity_for_device(device_id)
-        key = satellite or (f"device:{device_id}" if device_id else None)
+        satellite, key = self._route_key(user_input)
         wanted = {
             i for i in (user_input.conversation_id, chat_log.conversation_id) if i
         }
-        async with self._lock:
+        async with self._locks.hold(key or f"id:{chat_log.conversation_id}"):
             if key is None:
                 for conversation_id in wanted:
                     if (session := self._by_alias.get(conversation_id)) is not None:
@@ -428,7 +391,7 @@ class SessionManager:
             return await self._async_spawn(
                 self._new_id(chat_log.conversation_id),
                 satellite=satellite,
-                device_id=device_id,
+                device_id=user_input.device_id,
                 key=key,
                 system_prompt=self._render_prompt(),
                 extra_prompt=user_input.extra_system_prompt,
@@ -439,34 +402,27 @@ class SessionManager:
         """HA's conversation id when it is fresh for us, else a new ULID."""
         if (
             proposed
-            and proposed != self.kernel.parent_id
+            and proposed != self._kernel.parent_id
             and proposed not in self._by_alias
-            and self.kernel.transcript(proposed) is None
+            and self._kernel.transcript(proposed) is None
         ):
             return proposed
         return ulid_now()
 
-    # ── the control plane ─────────────────────────────────────────────────
+    # ── what the control plane uses ───────────────────────────────────────
 
-    async def async_start_conversation(
-        self, satellite: str | None, system_prompt: str | None = None
+    async def async_open(
+        self, satellite: str | None, system_prompt: str | None, language: str
     ) -> str:
-        """Start a conversation (on a satellite, else on an ad-hoc pair); its id."""
-        if satellite is not None and (
-            self._satellites is None or self._satellites.info(satellite) is None
-        ):
-            known = ", ".join(self._satellites.satellites()) if self._satellites else ""
-            raise UnknownSatelliteError(
-                f"unknown satellite {satellite!r} (known: {known or 'none'})"
-            )
-        async with self._lock:
+        """Start a conversation on a known satellite (or ad hoc); its id.
+
+        A conversation already on the satellite is closed first (hand-off). The
+        first turn HA routes to the satellite continues the new conversation.
+        """
+        info = self._satellites.info(satellite) if satellite is not None else None
+        async with self._locks.hold(satellite or f"open:{ulid_now()}"):
             if satellite is not None and (old := self._by_key.get(satellite)):
                 await self._async_close(old)
-            info = (
-                self._satellites.info(satellite)
-                if satellite and self._satellites
-                else None
-            )
             session = await self._async_spawn(
                 ulid_now(),
                 satellite=satellite,
@@ -482,99 +438,82 @@ class SessionManager:
             session.id,
             TurnContext(
                 context=Context(),
-                language=(info.language if info else None)
-                or self._hass.config.language,
+                language=language,
                 device_id=session.device_id,
                 satellite_id=satellite,
                 conversation_id=session.id,
+                prompt_scope=session.prompt_scope,
             ),
         )
         await self._brain.async_prepare(session.id)
         return session.id
 
-    def send(self, conversation_id: str, text: str) -> int:
-        """Push ``text`` into a live conversation (interrupting it); the input seq."""
-        session = self._live(conversation_id)
-        ticket = self._push(session, text)
-        ticket.outcome.add_done_callback(partial(self._sent_round_done, session))
-        return ticket.seq
+    def push(self, conversation_id: str, text: str) -> Ticket:
+        """Push ``text`` into a live conversation (interrupting it)."""
+        return self._push(self._live(conversation_id), text)
 
-    async def async_stop_conversation(self, conversation_id: str) -> int:
+    def spoken(self, conversation_id: str, ticket: Ticket, outcome: Outcome) -> str:
+        """Return the spoken answer of a pushed input (its parts joined)."""
+        session = self._sessions.get(conversation_id)
+        return self._spoken(session, ticket, outcome) if session else outcome.text
+
+    async def async_close(self, conversation_id: str) -> int:
         """Close a live conversation with hand-off; the number of messages handed off."""
         return await self._async_close(self._live(conversation_id))
 
-    def list_conversations(self) -> list[dict[str, Any]]:
-        """Live conversations: id, satellite, state and counters."""
-        items: list[dict[str, Any]] = []
-        for session in sorted(self._sessions.values(), key=lambda s: s.id):
-            snapshot = self._snapshot(session)
-            items.append(
-                {
-                    "id": session.id,
-                    "satellite": session.satellite,
-                    "device_id": session.device_id,
-                    "state": snapshot.state,
-                    "stats": {
-                        "rounds": snapshot.rounds,
-                        "last_seq": snapshot.last_seq,
-                        "pending": snapshot.pending,
-                        "dropped": snapshot.dropped,
-                        "suppressed_cancels": snapshot.suppressed_cancels,
-                        "interrupted": snapshot.interrupted,
-                        "superseded": snapshot.superseded,
-                        "completed": snapshot.completed,
-                        "failed": snapshot.failed,
-                        "tool_calls": snapshot.tool_calls,
-                        "messages": snapshot.messages,
-                        "first_delta_ms": snapshot.first_delta_ms,
-                    },
-                }
-            )
-        return items
+    def conversations(self) -> list[Conversation]:
+        """Live conversations with their counters, by id."""
+        return [
+            Conversation(s.id, s.satellite, s.device_id, self._stats(s))
+            for s in sorted(self._sessions.values(), key=lambda s: s.id)
+        ]
 
-    def transcript_page(
-        self, conversation_id: str, offset: int, limit: int, fmt: str
-    ) -> str:
-        """Return a page of a live or archived transcript (KernelError if unknown)."""
+    def satellite(self, conversation_id: str) -> str | None:
+        """Return the satellite of a live conversation (None: none, or not live)."""
+        session = self._by_alias.get(conversation_id)
+        return session.satellite if session is not None else None
+
+    def resolve(self, conversation_id: str) -> str:
+        """Return the session id of any id a live conversation answers to."""
         if (session := self._by_alias.get(conversation_id)) is not None:
-            conversation_id = session.id
-        page_format: Literal["text", "raw"] = "raw" if fmt == "raw" else "text"
-        return self.kernel.transcript_page(conversation_id, offset, limit, page_format)
+            return session.id
+        return conversation_id
 
     def known_ids(self) -> list[str]:
         """Ids of live and archived conversations."""
-        return sorted({*self._sessions, *self.kernel.archived()})
+        return sorted({*self._sessions, *self._kernel.archived()})
 
     def knows(self, conversation_id: str) -> bool:
         """Whether the id names a live conversation (any of its ids) or an archive."""
         return (
             conversation_id in self._by_alias
-            or conversation_id in self.kernel.archived()
+            or conversation_id in self._kernel.archived()
         )
 
-    def snapshot(self, satellite: str) -> SessionSnapshot | None:
-        """State of the live conversation of a satellite (or of that id), or None."""
+    def stats(self, satellite: str) -> ChildStats | None:
+        """Counters of the live conversation of a satellite (or of that id), or None."""
         session = self._by_key.get(satellite) or self._by_alias.get(satellite)
-        return self._snapshot(session) if session is not None else None
+        return self._stats(session) if session is not None else None
 
     async def async_shutdown(self) -> None:
         """Close every conversation (hand-off), cancel timers, tasks and listeners."""
         self._shut_down = True
-        if self._stop_unsub is not None:
-            self._stop_unsub()
-            self._stop_unsub = None
         while self._unsubs:
             self._unsubs.pop()()
         for session in self._sessions.values():
             self._cancel_idle(session)
-        for task in self._announce_tasks:
-            task.cancel()
         sessions = list(self._sessions.values())
         if sessions:
             await asyncio.gather(*(self._async_close(s) for s in sessions))
-        # Closes already under way (idle timer, vanished satellite) and announcements.
-        if pending := self._close_tasks | self._announce_tasks:
-            await asyncio.wait(pending)
+        # Closes already under way (idle timer, vanished satellite).
+        if self._close_tasks:
+            await asyncio.wait(self._close_tasks)
+        for entity_id in self._satellite_pairs:
+            for name in channel_names(entity_id):
+                self._channels.unregister(name)
+        self._satellite_pairs.clear()
+        # A safety net: no child outlives the entry, whatever happened above.
+        await self._kernel.close_all()
 
     # ── sessions ──────────────────────────────────────────────────────────
 
@@ -603,11 +542,7 @@ class SessionManager:
         extra_prompt: str | None,
         adopt_new_id: bool,
     ) -> _Session:
-        if (
-            satellite is not None
-            and self._satellites is not None
-            and self._satellites.info(satellite) is not None
-        ):
+        if satellite is not None and satellite in self._satellite_pairs:
             input_channel, output_channel = channel_names(satellite)
             adhoc = False
         else:
@@ -622,21 +557,26 @@ class SessionManager:
             input_channel=input_channel,
             output_channel=output_channel,
             adhoc=adhoc,
+            prompt_scope=satellite or session_id,
             ids={session_id},
             adopt_new_id=adopt_new_id,
         )
         if adhoc:
-            self._channels.register_input(input_channel, _RT)
+            self._channels.register_input(input_channel, _ADHOC_CHANNEL)
             self._channels.register_output(
                 output_channel,
                 partial(self._on_delta, session),
                 Capability.TEXT,
-                _RT,
+                _ADHOC_CHANNEL,
             )
         if extra_prompt:
             system_prompt = "\n\n".join(p for p in (system_prompt, extra_prompt) if p)
         try:
-            await self.kernel.spawn(
+            # TODO(kernel): set ChildOptions.carry_over=self._carry_over and drop
+            # _carried_over (the kernel knows whether a voided input reached the
+            # model); set ChildOptions.delivery for what the output side
+            # acknowledges (see async_converse).
+            await self._kernel.spawn(
                 ChildOptions(
                     id=session_id,
                     input=input_channel,
@@ -644,7 +584,7 @@ class SessionManager:
                     system_prompt=system_prompt,
                     max_tool_turns=self._max_tool_turns,
                     context_window=self._context_window,
-                    prompt_scope=satellite,
+                    prompt_scope=session.prompt_scope,
                 )
             )
         except KernelError:  # pragma: no cover - the pair and id were checked above
@@ -668,12 +608,21 @@ class SessionManager:
         return session
 
     async def _async_close(self, session: _Session) -> int:
-        """Close a session: stop its child, hand off its transcript, free its pair.
+        """Close a session and wait for it; the number of messages handed off.
 
-        Only sessions found in the maps are closed, and closing takes them out first,
-        so a session is closed exactly once.
+        Every caller awaits the same teardown; a cancelled caller stops waiting but
+        the teardown still completes (it is a task of the entry).
         """
-        session.closing = True
+        return await asyncio.shield(self._close(session))
+
+    def _close(self, session: _Session) -> asyncio.Task[int]:
+        """Start the session's teardown (once) and return it.
+
+        The session leaves every map right here, synchronously, so a turn routed
+        meanwhile starts a new conversation instead of finding a closing one.
+        """
+        if session.close_task is not None:
+            return session.close_task
         self._cancel_idle(session)
         self._sessions.pop(session.id, None)
         for alias in session.ids:
@@ -681,13 +630,23 @@ class SessionManager:
                 del self._by_alias[alias]
         if session.key is not None and self._by_key.get(session.key) is session:
             del self._by_key[session.key]
-        final = self._snapshot(session)
-        messages = await self.kernel.close(session.id)
+        task = session.close_task = self._entry.async_create_task(
+            self._hass, self._async_teardown(session), f"{DOMAIN} close {session.id}"
+        )
+        if not task.done():
+            self._close_tasks.add(task)
+            task.add_done_callback(self._close_tasks.discard)
+        return task
+
+    async def _async_teardown(self, session: _Session) -> int:
+        """Stop the session's child, hand off its transcript, free its pair."""
+        final = self._stats(session)
+        messages = await self._kernel.close(session.id)
         if session.adhoc:
             self._channels.unregister(session.input_channel)
             self._channels.unregister(session.output_channel)
         self._brain.forget(session.id)
-        known = {*self.kernel.archived(), *self._sessions}
+        known = {*self._kernel.archived(), *self._sessions}
         for closed_id in [i for i in self._satellite_of if i not in known]:
             del self._satellite_of[closed_id]
         _LOGGER.debug("Conversation %s closed (%d messages)", session.id, messages)
@@ -708,25 +667,6 @@ class SessionManager:
             )
         return session
 
-    def _close_later(self, session: _Session) -> None:
-        """Close a session from a callback.
-
-        A tracked entry task (not a background task): unloading waits for it instead
-        of cancelling it half-way, and ``async_shutdown`` awaits it too.
-        """
-        self._track(
-            self._close_tasks,
-            self._entry.async_create_task(
-                self._hass, self._async_close(session), f"{DOMAIN} close {session.id}"
-            ),
-        )
-
-    @staticmethod
-    def _track(tasks: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
-        if not task.done():
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
     # ── input ─────────────────────────────────────────────────────────────
 
     def _push(self, session: _Session, text: str) -> Ticket:
@@ -739,8 +679,11 @@ class SessionManager:
                 "Conversation %s: carrying a superseded input over", session.id
             )
             text = f"{carried} {text}"
-        ticket = self.kernel.push(session.id, text)
-        ticket.outcome.add_done_callback(self._round_ended)
+        try:
+            ticket = self._kernel.push(session.id, text)
+        except KernelError as err:  # pragma: no cover - live sessions have a child
+            raise UnknownConversationError(str(err)) from err
+        ticket.outcome.add_done_callback(self._availability.round_ended)
         session.last_input = _Input(text=text, ticket=ticket)
         self._arm_idle(session)
         self._send_update(session)
@@ -753,6 +696,10 @@ class SessionManager:
         still waiting in the slot that this push is about to void. An input whose model
         call started is already in the kernel's history (committed as interrupted), so
         carrying it too would make the model read it twice.
+
+        TODO(kernel): replace with ChildOptions.carry_over (issue 6 defect 5): this
+        guess misses the window between the loop taking an input and its round
+        starting.
         """
         previous = session.last_input
         if not self._carry_over or previous is None:
@@ -761,7 +708,7 @@ class SessionManager:
         if future.done():
             outcome = future.result()
             return previous.text if outcome.status == "superseded" else None
-        stats = self.kernel.stats(session.id)
+        stats = self._kernel.stats(session.id)
         if (
             stats is not None
             and stats.pending
@@ -770,51 +717,10 @@ class SessionManager:
             return previous.text
         return None
 
-    # ── availability of the brain ─────────────────────────────────────────
-
-    @callback
-    def _round_ended(self, future: asyncio.Future[Outcome]) -> None:
-        """Log once when the brain becomes unavailable and once when it is back.
-
-        A failed round after a working one is the start of an outage (a warning);
-        further failures are debug only; a completed round ends the outage (an info).
-        Cut rounds (interrupted, superseded) say nothing either way. The message
-        is the provider's short error text (never the API key, never the user's
-        words).
-        """
-        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
-            return
-        outcome = future.result()
-        if outcome.status == "failed":
-            error = self._loggable_error(outcome)
-            if self._brain_unavailable:
-                _LOGGER.debug("%s is still unavailable: %s", self._brain_name, error)
-                return
-            self._brain_unavailable = True
-            _LOGGER.warning("%s is unavailable: %s", self._brain_name, error)
-        elif outcome.status == "completed" and self._brain_unavailable:
-            self._brain_unavailable = False
-            _LOGGER.info("%s is back", self._brain_name)
-
-    @property
-    def _brain_name(self) -> str:
-        if self._brain.kind == BRAIN_HA_AGENT:
-            return f"The conversation agent of {self._entry.title}"
-        return f"The language model of {self._entry.title}"
-
-    def _loggable_error(self, outcome: Outcome) -> str:
-        """Error type and message, shortened, with the API key masked."""
-        message = outcome.error or "no details"
-        if api_key := self._entry.data.get(CONF_API_KEY):
-            message = message.replace(api_key, "***")
-        if len(message) > _MAX_LOGGED_ERROR:
-            message = message[: _MAX_LOGGED_ERROR - 1] + "…"
-        return f"{outcome.error_type or 'Error'}: {message}"
-
     # ── output ────────────────────────────────────────────────────────────
 
-    async def async_deliver_output(self, entity_id: str, delta: str) -> None:
-        """Output channel handler of the satellites: a delta of that satellite's child."""
+    def _on_satellite_delta(self, entity_id: str, delta: str) -> None:
+        """Output handler of a satellite's channel: a delta of its child."""
         if (session := self._by_key.get(entity_id)) is not None:
             self._on_delta(session, delta)
 
@@ -827,35 +733,25 @@ class SessionManager:
         return turn
 
     def _on_delta(self, session: _Session, delta: str) -> None:
+        if (newest := session.last_input) is not None:
+            newest.parts[-1].append(delta)
         if (turn := self._current_turn(session)) is not None:
-            turn.queue.put_nowait(delta)
+            turn.feed.delta(delta)
 
-    def _on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
-        """Brain callback after each finished tool call: record it in the chat log."""
-        session = self._sessions.get(child_id)
-        if session is not None and (turn := self._current_turn(session)) is not None:
-            turn.queue.put_nowait(_ToolRecord(call, result))
+    def on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
+        """Record a finished tool call in the chat log of the waiting turn.
 
-    async def _async_feed(self, turn: _Turn, chat_log: ChatLog, agent_id: str) -> None:
-        """Write a turn's deltas and finished tool calls into HA's chat log, in order.
-
-        Text is streamed with ``async_add_delta_content_stream`` (content only, so HA
-        never runs a tool); a finished tool call is appended as an assistant message
-        with that call, followed by its result.
+        TODO(kernel): register this as the kernel's ``on_tool_result`` callback in
+        runtime.async_build_runtime (then ask_parent is recorded too) and drop the
+        brain's hook.
         """
-        queue = turn.queue
-        item: _FeedItem = await queue.get()
-        while not isinstance(item, _End):
-            if isinstance(item, _ToolRecord):
-                _record_tool(chat_log, agent_id, item)
-                item = await queue.get()
-                continue
-            rest: list[_FeedItem] = []
-            async for _content in chat_log.async_add_delta_content_stream(
-                agent_id, _text_segment(queue, item, rest)
-            ):
-                pass
-            item = rest[0]
+        session = self._sessions.get(child_id)
+        if session is None:
+            return
+        if (newest := session.last_input) is not None and newest.parts[-1]:
+            newest.parts.append([])  # the text after the call is a new utterance
+        if (turn := self._current_turn(session)) is not None:
+            turn.feed.tool(call, result)
 
     async def _async_end_turn(
         self, session: _Session, turn: _Turn, *, cancel: bool
@@ -865,58 +761,11 @@ class SessionManager:
             session.turn = None
         session.turns_running -= 1
         self._arm_idle(session)
-        feeder = turn.feeder
-        assert feeder is not None
-        turn.queue.put_nowait(_END)
-        if cancel:
-            feeder.cancel()
-        await asyncio.wait((feeder,))
-        if not feeder.cancelled() and (err := feeder.exception()) is not None:
+        if (err := await turn.feed.async_finish(cancel=cancel)) is not None:
             _LOGGER.warning(
                 "Conversation %s: writing the chat log failed: %s",
                 session.id,
                 type(err).__name__,
-            )
-
-    @callback
-    def _sent_round_done(
-        self, session: _Session, future: asyncio.Future[Outcome]
-    ) -> None:
-        """Speak the answer of a control-plane input on its satellite."""
-        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
-            return
-        outcome = future.result()
-        if (
-            outcome.status != "completed"
-            or not outcome.text.strip()
-            or session.satellite is None
-            or self._shut_down
-            or self._satellites is None
-            or (info := self._satellites.info(session.satellite)) is None
-            or FEATURE_ANNOUNCE not in info.features
-        ):
-            return
-        self._track(
-            self._announce_tasks,
-            self._entry.async_create_background_task(
-                self._hass,
-                self._async_announce(session.satellite, outcome.text),
-                f"{DOMAIN} announce {session.id}",
-            ),
-        )
-
-    async def _async_announce(self, satellite: str, text: str) -> None:
-        try:
-            await self._hass.services.async_call(
-                "assist_satellite",
-                "announce",
-                {"message": text},
-                target={"entity_id": satellite},
-                blocking=True,
-            )
-        except HomeAssistantError as err:
-            _LOGGER.warning(
-                "Announcing on %s failed: %s", satellite, type(err).__name__
             )
 
     # ── idle timer ────────────────────────────────────────────────────────
@@ -944,11 +793,12 @@ class SessionManager:
             self._arm_idle(session)  # a turn is still waiting for its round
             return
         _LOGGER.debug("Conversation %s idle: closing", session.id)
-        self._close_later(session)
+        self._close(session)
 
-    # ── kernel callbacks ──────────────────────────────────────────────────
+    # ── kernel callbacks (the runtime registers them) ─────────────────────
 
-    def _on_closed(self, child_id: str, messages: int, chars: int) -> None:
+    def on_closed(self, child_id: str, messages: int, chars: int) -> None:
+        """Fire the closed event (id and counts, never the text)."""
         self._hass.bus.async_fire(
             EVENT_CONVERSATION_CLOSED,
             {
@@ -959,7 +809,8 @@ class SessionManager:
             },
         )
 
-    def _on_ask_parent(self, child_id: str, text: str) -> None:
+    def on_ask_parent(self, child_id: str, text: str) -> None:
+        """Fire the ask-parent event."""
         self._hass.bus.async_fire(
             EVENT_ASK_PARENT,
             {
@@ -969,35 +820,20 @@ class SessionManager:
             },
         )
 
-    def _on_state(self, child_id: str, state: str) -> None:
-        session = self._sessions.get(child_id)
-        if session is None:
-            return
-        self._send_update(session)
+    def on_state(self, child_id: str, state: str) -> None:
+        """Tell the sensors that a conversation changed state."""
+        if (session := self._sessions.get(child_id)) is not None:
+            self._send_update(session)
 
-    def _snapshot(self, session: _Session) -> SessionSnapshot:
-        stats = self.kernel.stats(session.id)
+    def _stats(self, session: _Session) -> ChildStats:
+        stats = self._kernel.stats(session.id)
         if stats is None:  # pragma: no cover - only live sessions are asked
-            return SessionSnapshot(session.id, session.satellite, STATE_CLOSED)
-        return SessionSnapshot(
-            conversation_id=session.id,
-            satellite=session.satellite,
-            state=str(stats.state),
-            rounds=stats.rounds,
-            last_seq=stats.last_seq,
-            pending=stats.pending,
-            dropped=stats.dropped,
-            suppressed_cancels=stats.suppressed_cancels,
-            interrupted=stats.interrupted_rounds,
-            superseded=stats.superseded_rounds,
-            completed=stats.completed_rounds,
-            failed=stats.failed_rounds,
-            tool_calls=stats.tool_calls,
-            messages=stats.messages,
-            first_delta_ms=stats.first_delta_ms,
-        )
+            return ChildStats(
+                session.id, 0, 0, 0, False, 0, 0, 0, 0, state=STATE_CLOSED
+            )
+        return stats
 
     def _send_update(self, session: _Session) -> None:
         async_dispatcher_send(
-            self._hass, self._signal, session.satellite, self._snapshot(session)
+            self._hass, self._signal, session.satellite, self._stats(session)
         )

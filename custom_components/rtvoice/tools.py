@@ -28,13 +28,20 @@ from .const import DEFAULT_LLM_HASS_API, DOMAIN, PROMPT_OWNER_HASS
 from .kernel import PromptRegistry, PromptSection, ToolCall, ToolSpec, current_child_id
 
 if TYPE_CHECKING:
-    from .brain import TurnContext
+    from .turn import TurnContext
 
 _LOGGER = logging.getLogger(__name__)
 
-# HA's LLM API prompt, one global prompt section (rendered for every conversation).
-API_PROMPT_SECTION = f"{PROMPT_OWNER_HASS}.llm_api"
+# HA's LLM API prompt names the device's area and what it can do, so it is one
+# section per conversation, in that conversation's prompt scope.
+API_PROMPT_SECTION_PREFIX = f"{PROMPT_OWNER_HASS}.llm_api."
 API_PROMPT_ORDER = 100
+
+
+def api_prompt_section(child_id: str) -> str:
+    """Return the name of the LLM API prompt section of one conversation."""
+    return f"{API_PROMPT_SECTION_PREFIX}{child_id}"
+
 
 type ToolResultHook = Callable[[str, ToolCall, str], None]
 
@@ -72,6 +79,15 @@ class _Prepared:
     specs: list[ToolSpec]
 
 
+@dataclass(frozen=True)
+class _Converted:
+    """A tool's parameter schema and description with the spec made from them."""
+
+    parameters: Any
+    description: str
+    spec: ToolSpec
+
+
 class HaToolRunner:
     """Runs the tools of one HA LLM API for every conversation of an entry.
 
@@ -91,7 +107,8 @@ class HaToolRunner:
     ) -> None:
         """Create a runner for the LLM API ``api_id``.
 
-        ``prompts``: where the API prompt is declared as a global section.
+        ``prompts``: where each conversation's API prompt is declared, in the
+        conversation's prompt scope.
         ``platform``: the integration named in the LLM context.
         """
         self.hass = hass
@@ -100,12 +117,18 @@ class HaToolRunner:
         self._prompts = prompts
         self._platform = platform
         self._prepared: dict[str, _Prepared] = {}
+        # Converted tools by (language, tool name): each turn gets a new API
+        # instance, but its schemas rarely change, so a tool is converted again only
+        # when its schema or description differs from the cached one.
+        self._converted: dict[tuple[str, str], _Converted] = {}
 
     async def async_prepare(self, child_id: str, turn: TurnContext) -> None:
-        """Fetch the API instance for ``child_id``'s turn; refresh the API prompt.
+        """Fetch the API instance for ``child_id``'s turn; refresh its API prompt.
 
-        When the API cannot be had (e.g. it was unregistered) the conversation runs
-        without tools until the next successful prepare.
+        The prompt is declared in the turn's prompt scope only: it names the area of
+        the turn's device, which no other conversation may read. When the API cannot
+        be had (e.g. it was unregistered) the conversation runs without tools (and
+        without the API prompt) until the next successful prepare.
         """
         context = compat.llm_context(self.hass, turn, self._platform)
         try:
@@ -117,7 +140,7 @@ class HaToolRunner:
                 child_id,
                 err,
             )
-            self._prepared.pop(child_id, None)
+            self.forget(child_id)
             return
         self._prepared[child_id] = _Prepared(instance, self._convert(instance))
         if self._prompts is not None:
@@ -126,17 +149,33 @@ class HaToolRunner:
             # alias stays as it is.
             self._prompts.declare(
                 PromptSection(
-                    section=API_PROMPT_SECTION,
+                    section=api_prompt_section(child_id),
                     owner=PROMPT_OWNER_HASS,
                     content=instance.api_prompt,
                     order=API_PROMPT_ORDER,
+                    scope=turn.prompt_scope or child_id,
                 )
             )
 
     def _convert(self, instance: llm.APIInstance) -> list[ToolSpec]:
-        """Return the API's tools as kernel specs (names exactly as HA gives them)."""
+        """Return the API's tools as kernel specs (names exactly as HA gives them).
+
+        A tool whose schema and description equal the cached ones (same language)
+        reuses its converted spec.
+        """
+        language = instance.llm_context.language or ""
         specs: list[ToolSpec] = []
         for tool in instance.tools:
+            description = tool.description or ""
+            key = (language, tool.name)
+            cached = self._converted.get(key)
+            if (
+                cached is not None
+                and cached.description == description
+                and cached.parameters == tool.parameters
+            ):
+                specs.append(cached.spec)
+                continue
             try:
                 parameters = compat.convert_schema(
                     tool.parameters, instance.custom_serializer
@@ -150,7 +189,9 @@ class HaToolRunner:
                     exc_info=True,
                 )
                 continue
-            specs.append(ToolSpec(tool.name, tool.description or "", parameters))
+            spec = ToolSpec(tool.name, description, parameters)
+            self._converted[key] = _Converted(tool.parameters, description, spec)
+            specs.append(spec)
         return specs
 
     def specs(self) -> list[ToolSpec]:
@@ -189,10 +230,7 @@ class HaToolRunner:
         return compat.tool_result_to_text(result)
 
     def forget(self, child_id: str) -> None:
-        """Drop what was prepared for a closed conversation."""
+        """Drop what was prepared for a conversation, and its API prompt."""
         self._prepared.pop(child_id, None)
-
-    def remove_prompt(self) -> None:
-        """Remove the API prompt section (the runner is no longer used)."""
         if self._prompts is not None:
-            self._prompts.remove(API_PROMPT_SECTION)
+            self._prompts.remove(api_prompt_section(child_id))

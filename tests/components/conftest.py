@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Generator
 from pathlib import Path
+from typing import Any
 from unittest.mock import AsyncMock, patch
 
+from openai import _base_client as openai_base_client
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
@@ -48,6 +51,31 @@ async def openai_peer(socket_enabled: None) -> AsyncIterator[OpenAIPeer]:
         yield peer
     finally:
         await peer.stop()
+
+
+@pytest.fixture
+def platform_header_threads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record, for every call, whether the openai SDK built its headers in the loop.
+
+    The SDK caches its platform headers (``uname``, ``/etc/os-release``) for the
+    process: the cache is emptied first, then the function is wrapped to record
+    where it runs (it still runs). Entries of the list: True = in the event loop.
+    """
+    real = openai_base_client.platform_headers
+    real.cache_clear()
+    calls: list[bool] = []
+
+    def probe(*args: Any, **kwargs: Any) -> dict[str, str]:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            calls.append(False)
+        else:
+            calls.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(openai_base_client, "platform_headers", probe)
+    return calls
 
 
 @pytest.fixture

@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 
-from custom_components.rtvoice.brain import (
+from custom_components.rtvoice.agent_brain import (
     HA_ASSIST_TOOL,
-    ISSUE_MODEL_NOT_FOUND,
-    Brain,
     HaAgentProvider,
     HaAgentToolRunner,
-    TurnContext,
-    async_create_brain,
     delegated_conversation_id,
-    split_speech,
+)
+from custom_components.rtvoice.brain import (
+    ISSUE_MODEL_NOT_FOUND,
+    Brain,
+    async_create_brain,
 )
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
@@ -55,7 +55,8 @@ from custom_components.rtvoice.kernel.openai_provider import (
     OpenAIChatProvider,
     ProviderError,
 )
-from custom_components.rtvoice.tools import API_PROMPT_SECTION, HaToolRunner
+from custom_components.rtvoice.tools import HaToolRunner, api_prompt_section
+from custom_components.rtvoice.turn import TurnContext, Turns
 from homeassistant.components import conversation
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import (
@@ -106,7 +107,9 @@ async def make_rig(brain: Brain, prompts: PromptRegistry, **turn: Any) -> Rig:
         f"{CHILD}:out", rig.deltas.append, definition=ChannelDef(realtime=True)
     )
     await kernel.spawn(
-        ChildOptions(id=CHILD, input=f"{CHILD}:in", output=f"{CHILD}:out")
+        ChildOptions(
+            id=CHILD, input=f"{CHILD}:in", output=f"{CHILD}:out", prompt_scope=CHILD
+        )
     )
     brain.on_tool_result = lambda *args: rig.tool_results.append(args)
     turn.setdefault("context", Context())
@@ -153,7 +156,7 @@ async def test_openai_brain_runs_a_round_with_assist_tools(
     names = [tool["function"]["name"] for tool in first.tools or []]
     (turn_off,) = [name for name in names if name.endswith("HassTurnOff")]
     assert first.body["temperature"] == 0.3
-    assert prompts.snapshot()[0].section == API_PROMPT_SECTION
+    assert prompts.snapshot()[0].section == api_prompt_section(CHILD)
     assert prompts.snapshot()[0].content in first.messages[0]["content"]
 
     openai_peer.enqueue(
@@ -728,57 +731,31 @@ async def test_agent_tool_runner_hook_failure_is_logged(
     assert "Recording the result of tool ha_assist failed" in caplog.text
 
 
-async def test_brain_turns(hass: HomeAssistant, openai_peer: OpenAIPeer) -> None:
-    """set_turn/turn/forget; a child without a turn gets a neutral one."""
+async def test_turns(hass: HomeAssistant) -> None:
+    """set/get/pop; a child without a turn gets a neutral one."""
     hass.config.language = "fr"
-    brain = await async_create_brain(
-        hass, openai_entry(hass, openai_peer), PromptRegistry()
-    )
-    neutral = brain.turn("unknown")
+    turns = Turns(hass)
+    neutral = turns.get("unknown")
     assert neutral.language == "fr"
     assert neutral.context.user_id is None
     assert neutral.conversation_id == "unknown"
 
     turn = TurnContext(Context(user_id="u"), "en", device_id="d")
-    brain.set_turn(CHILD, turn)
-    assert brain.turn(CHILD) is turn
-    brain.forget(CHILD)
-    assert brain.turn(CHILD) is not turn
+    turns.set(CHILD, turn)
+    assert turns.get(CHILD) is turn
+    turns.pop(CHILD)
+    assert turns.get(CHILD) is not turn
 
+
+async def test_brain_hands_the_hook_to_its_runner(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The tool-result hook set on the brain reaches its tool runner."""
+    brain = await async_create_brain(
+        hass, openai_entry(hass, openai_peer), PromptRegistry()
+    )
     hook = print
     brain.on_tool_result = hook
     assert brain.on_tool_result is hook
     assert isinstance(brain.tools, HaToolRunner)
     assert brain.tools.on_tool_result is hook
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "Done",
-        "  leading space kept. Second sentence!",
-        "Sorry, Bed Light is not exposed",
-        "One. Two? Three! Four… Five。",
-        "Averyveryveryveryveryverylongwordwithoutbreaks and more",
-        "Trailing spaces   ",
-        "   ",
-    ],
-)
-def test_split_speech_keeps_every_character(text: str) -> None:
-    """Joining the pieces gives the text back exactly; pieces stay short."""
-    pieces = split_speech(text)
-    assert "".join(pieces) == text
-    assert all(pieces)
-    for piece in pieces:
-        if " " in piece.strip():
-            assert len(piece.strip()) <= 24
-
-
-def test_split_speech_breaks_at_sentences() -> None:
-    """Each sentence ends a piece."""
-    assert split_speech("Yes. It is on. Done!") == ["Yes. ", "It is on. ", "Done!"]
-    assert split_speech("Turned on the lights in the kitchen and the hall") == [
-        "Turned on the lights in ",
-        "the kitchen and the hall",
-    ]

@@ -8,10 +8,12 @@ each such stub says so where it is defined.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 import datetime as dt
 from decimal import Decimal
 import enum
+import importlib.abc
 import json
 import sys
 import types
@@ -22,11 +24,10 @@ import voluptuous as vol
 from voluptuous_openapi import UNSUPPORTED
 
 from custom_components.rtvoice import compat
-from custom_components.rtvoice.brain import TurnContext
 from custom_components.rtvoice.const import DOMAIN
+from custom_components.rtvoice.turn import TurnContext
 from homeassistant.components import conversation
-from homeassistant.components.conversation import ChatLog, ConversationInput
-from homeassistant.components.tts import ResultStream
+from homeassistant.components.conversation import ConversationInput
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import intent, llm
 from homeassistant.setup import async_setup_component
@@ -156,59 +157,6 @@ def test_llm_context_prefers_as_llm_context(hass: HomeAssistant) -> None:
     assert calls == [DOMAIN]
 
 
-# -- async_provide_llm_data ----------------------------------------------------------
-
-
-async def test_provide_llm_data_uses_update_on_2025_4(hass: HomeAssistant) -> None:
-    """The real 2025.4 ChatLog only has async_update_llm_data; it gets the API."""
-    assert await async_setup_component(hass, "homeassistant", {})
-    assert await async_setup_component(hass, "intent", {})
-    chat_log = ChatLog(hass, "conv-1")
-    assert not hasattr(chat_log, "async_provide_llm_data")
-
-    await compat.async_provide_llm_data(
-        chat_log, _user_input(), llm_hass_api=llm.LLM_API_ASSIST, prompt="Be brief."
-    )
-
-    assert chat_log.llm_api is not None
-    assert chat_log.llm_api.llm_context.platform == DOMAIN
-    assert "Be brief." in chat_log.content[0].content
-
-
-class _ChatLog2026:
-    """Stub of a 2026.x ChatLog: ``async_provide_llm_data`` takes an LLMContext."""
-
-    def __init__(self, hass: HomeAssistant) -> None:
-        self.hass = hass
-        self.calls: list[tuple[Any, ...]] = []
-
-    async def async_provide_llm_data(self, *args: Any) -> None:
-        self.calls.append(args)
-
-    async def async_update_llm_data(self, *args: Any) -> None:
-        raise AssertionError("the old method must not be used when the new exists")
-
-
-async def test_provide_llm_data_prefers_new_method(hass: HomeAssistant) -> None:
-    """The new method gets a built LLM context and the input's extra prompt."""
-    chat_log = _ChatLog2026(hass)
-    await compat.async_provide_llm_data(
-        chat_log,
-        _user_input(extra_system_prompt="You are in the kitchen."),
-        llm_hass_api="assist",
-        prompt="Be brief.",
-    )
-    ((context, api, prompt, extra),) = chat_log.calls
-    assert isinstance(context, llm.LLMContext)
-    assert context.platform == DOMAIN
-    assert (api, prompt, extra) == ("assist", "Be brief.", "You are in the kitchen.")
-
-    await compat.async_provide_llm_data(
-        chat_log, _user_input(), extra_system_prompt="explicit"
-    )
-    assert chat_log.calls[-1][3] == "explicit"
-
-
 # -- tool_result_to_text ----------------------------------------------------------
 
 
@@ -286,7 +234,38 @@ def test_tool_result_scalars_and_odd_values() -> None:
 # -- convert_schema ---------------------------------------------------------------
 
 
-def test_convert_schema_with_voluptuous_openapi() -> None:
+@pytest.fixture
+def fresh_converter() -> Iterator[None]:
+    """Let compat look the schema converter up again (it caches its choice)."""
+    compat.schema_converter.cache_clear()
+    yield
+    compat.schema_converter.cache_clear()
+
+
+class _ImportProbe(importlib.abc.MetaPathFinder):
+    """Records every import of ``probatio`` that reaches the path finders."""
+
+    def __init__(self) -> None:
+        self.looked: list[str] = []
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+        if name.partition(".")[0] == "probatio":
+            self.looked.append(name)
+
+
+def test_converter_is_looked_up_once(
+    fresh_converter: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing probatio is searched for once, not at every tool of every turn."""
+    probe = _ImportProbe()
+    monkeypatch.setattr(sys, "meta_path", [probe, *sys.meta_path])
+    schema = vol.Schema({vol.Required("name"): str})
+    for _ in range(3):
+        assert compat.convert_schema(schema)["type"] == "object"
+    assert probe.looked == ["probatio"]
+
+
+def test_convert_schema_with_voluptuous_openapi(fresh_converter: None) -> None:
     """2025.4 has no probatio: voluptuous_openapi converts, with the serializer."""
     assert "probatio" not in sys.modules
     seen: list[Any] = []
@@ -309,7 +288,9 @@ def test_convert_schema_with_voluptuous_openapi() -> None:
     assert marker in seen
 
 
-def test_convert_schema_prefers_probatio(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_convert_schema_prefers_probatio(
+    fresh_converter: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """When probatio is importable its to_openapi is used (2026.x).
 
     probatio is not installed here; a stub module with ``to_openapi`` stands in.
@@ -335,35 +316,6 @@ def test_convert_schema_prefers_probatio(monkeypatch: pytest.MonkeyPatch) -> Non
     }
     assert compat.convert_schema(schema) == {"type": "object", "from": "probatio"}
     assert calls == [(schema, {"custom_serializer": serializer}), (schema, {})]
-
-
-# -- streaming TTS ------------------------------------------------------------------
-
-
-def test_streaming_tts_not_on_2025_4() -> None:
-    """HA 2025.4's ResultStream cannot take a text stream."""
-    assert not hasattr(ResultStream, "async_set_message_stream")
-    assert compat.supports_streaming_tts() is False
-    assert compat.supports_streaming_tts(ResultStream) is False
-
-
-def test_streaming_tts_detected() -> None:
-    """A 2026.x-shaped result stream (stub with the method) supports streaming."""
-
-    class _ResultStream2026:
-        """Stub of 2026.x ``tts.ResultStream``."""
-
-        def async_set_message_stream(self, stream: Any) -> None:
-            """Accept a text stream."""
-
-    assert compat.supports_streaming_tts(_ResultStream2026()) is True
-    assert compat.supports_streaming_tts(_ResultStream2026) is True
-
-
-def test_streaming_tts_without_tts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """If the tts component cannot be imported there is no streaming TTS."""
-    monkeypatch.setitem(sys.modules, "homeassistant.components.tts", None)
-    assert compat.supports_streaming_tts() is False
 
 
 # -- async_converse -----------------------------------------------------------------

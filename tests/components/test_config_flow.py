@@ -18,6 +18,7 @@ from unittest.mock import AsyncMock
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 import voluptuous as vol
+from yarl import URL
 
 from custom_components.rtvoice.config_flow import ha_agent_unique_id, openai_unique_id
 from custom_components.rtvoice.const import (
@@ -216,6 +217,28 @@ async def test_openai_form_defaults(hass: HomeAssistant) -> None:
     assert suggested(result, CONF_API_KEY) is None
 
 
+async def test_flow_builds_openai_platform_headers_off_the_loop(
+    hass: HomeAssistant,
+    openai_peer: OpenAIPeer,
+    mock_setup_entry: AsyncMock,
+    platform_header_threads: list[bool],
+) -> None:
+    """The endpoint check builds the SDK's platform headers in the executor first."""
+    result = await start_brain(hass, BRAIN_OPENAI)
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"],
+        {
+            CONF_NAME: "Kitchen brain",
+            CONF_BASE_URL: openai_peer.base_url,
+            CONF_API_KEY: PEER_API_KEY,
+            CONF_MODEL: PEER_MODEL,
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert platform_header_threads
+    assert platform_header_threads[0] is False  # the first (uncached) call
+
+
 async def test_openai_creates_entry_with_key(
     hass: HomeAssistant, openai_peer: OpenAIPeer, mock_setup_entry: AsyncMock
 ) -> None:
@@ -347,6 +370,33 @@ async def test_openai_cannot_connect(
     assert result["type"] is FlowResultType.FORM
     assert result["errors"] == {"base": "cannot_connect"}
     assert_translated(result)
+
+
+@pytest.mark.usefixtures("socket_enabled")
+async def test_openai_unexpected_error_logs_a_redacted_url(
+    hass: HomeAssistant, caplog: pytest.LogCaptureFixture
+) -> None:
+    """User info of the base URL never reaches our log (query: see redact tests)."""
+    async with OpenAIPeer(serve_models=False) as peer:
+        peer.enqueue(Fail(429, "Too many requests"))
+        url = URL(peer.base_url).with_user("alice").with_password("url-secret")
+        result = await start_brain(hass, BRAIN_OPENAI)
+        with caplog.at_level(logging.DEBUG):
+            result = await hass.config_entries.flow.async_configure(
+                result["flow_id"],
+                {
+                    CONF_NAME: DEFAULT_NAME,
+                    CONF_BASE_URL: str(url),
+                    CONF_MODEL: PEER_MODEL,
+                },
+            )
+    assert result["errors"] == {"base": "unknown"}
+    ours = [r for r in caplog.records if r.name.startswith("custom_components")]
+    (logged,) = [r.getMessage() for r in ours if r.levelno >= logging.ERROR]
+    assert f"at {peer.base_url}" in logged
+    for record in ours:
+        assert "url-secret" not in record.getMessage()
+        assert "alice" not in record.getMessage()
 
 
 @pytest.mark.usefixtures("socket_enabled")

@@ -125,7 +125,7 @@ async def test_agent_drives_a_child(
 
     openai_peer.enqueue(Text("Pasta"), Text(" tonight."))
     answered = home.wait_snapshot(
-        lambda s: s.conversation_id == child and s.completed == 1 and s.state == "idle"
+        lambda s: s.id == child and s.completed_rounds == 1 and s.state == "idle"
     )
     sent = await agent.children(action="send", id=child, text="What is for dinner?")
     assert sent["seq"] == 1
@@ -190,7 +190,7 @@ async def test_create_errors_list_the_satellites(
     unknown = await agent.children(action="create", satellite="assist_satellite.attic")
     assert "unknown satellite 'assist_satellite.attic'" in str(unknown["error"])
     assert SATELLITE in str(unknown["error"])
-    assert entry.runtime_data.sessions.list_conversations() == []
+    assert entry.runtime_data.control.list_conversations() == []
 
     # Where a satellite is, is named too.
     kitchen = ar.async_get(home.hass).async_create("Kitchen")
@@ -261,7 +261,7 @@ async def test_bad_arguments_and_unknown_ids(
     # An empty conversation has an empty first page; past the end is an error.
     assert (await agent.transcript(id=live))["total"] == 0
     await agent.children(action="send", id=live, text="Hi")
-    await home.wait_snapshot(lambda s: s.conversation_id == live and s.completed == 1)
+    await home.wait_snapshot(lambda s: s.id == live and s.completed_rounds == 1)
     past = await agent.transcript(id=live, offset=2)
     assert past == {
         "error": f"offset 2 is past the end: conversation {live} has 2 messages"
@@ -277,7 +277,7 @@ async def test_start_failure_is_a_result(
     async def refuse(*_args: Any) -> str:
         raise KernelError("channel owned by the parent")
 
-    monkeypatch.setattr(entry.runtime_data.sessions, "async_start_conversation", refuse)
+    monkeypatch.setattr(entry.runtime_data.sessions, "async_open", refuse)
     agent = await agent_for(home.hass, entry)
     result = await agent.children(action="create", satellite=SATELLITE)
     assert str(result["error"]).startswith(
@@ -405,12 +405,12 @@ async def _parent_conversation(
     assert "interrupts" in first.messages[0]["content"]  # the API prompt
     [created] = _tool_results(parent_peer.requests[1].messages)
     child = created["id"]
-    assert [c["id"] for c in home.sessions.list_conversations()] == [child]
+    assert [c["id"] for c in home.control.list_conversations()] == [child]
 
     # Turn 2: it sends the child text; the child answers through its own model.
     child_peer.enqueue(Text("Hello from the kitchen."))
     answered = home.wait_snapshot(
-        lambda s: s.conversation_id == child and s.completed == 1 and s.state == "idle"
+        lambda s: s.id == child and s.completed_rounds == 1 and s.state == "idle"
     )
     parent_peer.enqueue(
         ToolCall(
@@ -437,4 +437,4 @@ async def _parent_conversation(
     stopped, page = _tool_results(parent_peer.requests[-1].messages)[-2:]
     assert stopped["messages"] == 2
     assert page["transcript"] == "[user] Say hello\n[assistant] Hello from the kitchen."
-    assert home.sessions.list_conversations() == []
+    assert home.control.list_conversations() == []

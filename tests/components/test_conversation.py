@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from custom_components.rtvoice.chat_feed import APOLOGY
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
     CONF_AGENT_ID,
@@ -19,7 +20,6 @@ from custom_components.rtvoice.const import (
 )
 from custom_components.rtvoice.entity import MANUFACTURER
 from custom_components.rtvoice.kernel import DEFAULT_SYSTEM_PROMPT
-from custom_components.rtvoice.sessions import APOLOGY
 from homeassistant.components import conversation
 from homeassistant.const import MATCH_ALL, STATE_OFF, STATE_ON
 from homeassistant.core import Context, HomeAssistant
@@ -147,13 +147,11 @@ async def test_streaming_answer_on_satellite_device(
         agent_id=AGENT, content="Hello from the kitchen."
     )
     # The session belongs to the satellite of that device; its id is HA's.
-    snapshot = home.sessions.snapshot(SATELLITE)
+    snapshot = home.sessions.stats(SATELLITE)
     assert snapshot is not None
-    assert (
-        snapshot.conversation_id == result.conversation_id == chat_log.conversation_id
-    )
-    assert snapshot.completed == 1
-    (listed,) = home.sessions.list_conversations()
+    assert snapshot.id == result.conversation_id == chat_log.conversation_id
+    assert snapshot.completed_rounds == 1
+    (listed,) = home.control.list_conversations()
     assert listed["satellite"] == SATELLITE
     assert listed["device_id"] == home.device_of(SATELLITE)
     # The request carried the satellite's prompt sections (scope = its entity id).
@@ -186,7 +184,8 @@ async def test_tool_call_switches_a_light_and_history_is_kept(
         hass, "turn on the bed light", first.conversation_id, device_id
     )
     assert second.conversation_id == first.conversation_id
-    assert speech(second) == "Switching it on.The bed light is on."
+    # The answers before and after the tool are two sentences, not glued.
+    assert speech(second) == "Switching it on. The bed light is on."
     assert hass.states.get(BED_LIGHT).state == STATE_ON
 
     # History across turns: the second request holds the whole first exchange.

@@ -26,7 +26,7 @@ from custom_components.rtvoice.const import (
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
 )
-from custom_components.rtvoice.diagnostics import safe_url
+from custom_components.rtvoice.redact import safe_url
 from homeassistant.core import HomeAssistant
 from tests.components.common import (
     PEER_API_KEY,
@@ -59,18 +59,16 @@ async def _loaded_entry(home: Home, peer: OpenAIPeer) -> MockConfigEntry:
 
 async def _talk(home: Home, peer: OpenAIPeer) -> tuple[str, str]:
     """One finished (archived) conversation and one live one, with text in both."""
-    sessions = home.sessions
+    control = home.control
     peer.enqueue(Text(ANSWER))
     peer.enqueue(Text(ANSWER))
-    archived = await sessions.async_start_conversation(QUIET_SATELLITE)
-    sessions.send(archived, UTTERANCE)
-    await home.wait_snapshot(
-        lambda s: s.conversation_id == archived and s.completed == 1
-    )
-    assert await sessions.async_stop_conversation(archived) == 2
-    live = await sessions.async_start_conversation(SATELLITE)
-    sessions.send(live, UTTERANCE)
-    await home.wait_snapshot(lambda s: s.conversation_id == live and s.completed == 1)
+    archived = await control.async_start(QUIET_SATELLITE)
+    control.send(archived, UTTERANCE)
+    await home.wait_snapshot(lambda s: s.id == archived and s.completed_rounds == 1)
+    assert await control.async_stop(archived) == 2
+    live = await control.async_start(SATELLITE)
+    control.send(live, UTTERANCE)
+    await home.wait_snapshot(lambda s: s.id == live and s.completed_rounds == 1)
     return archived, live
 
 
@@ -130,8 +128,8 @@ async def test_no_secret_and_no_conversation_text(
     entry = await _loaded_entry(home, openai_peer)
     archived, live = await _talk(home, openai_peer)
     # The text really is in the runtime: a transcript holds it.
-    assert UTTERANCE in home.sessions.transcript_page(archived, 0, 10, "text")
-    assert ANSWER in home.sessions.transcript_page(live, 0, 10, "raw")
+    assert UTTERANCE in home.control.transcript(archived, 0, 10, "text")["transcript"]
+    assert ANSWER in json.dumps(home.control.transcript(live, 0, 10, "raw"))
     text = json.dumps(await get_diagnostics_for_config_entry(hass, hass_client, entry))
     for secret in (PEER_API_KEY, PROMPT, "PROMPT-MARKER", "UTTERANCE-MARKER", "ANSWER"):
         assert secret not in text

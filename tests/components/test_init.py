@@ -22,7 +22,7 @@ from custom_components.rtvoice.const import (
 )
 from homeassistant.components import conversation
 from homeassistant.config_entries import SOURCE_REAUTH, ConfigEntryState
-from homeassistant.const import STATE_ON
+from homeassistant.const import EVENT_HOMEASSISTANT_STOP, STATE_ON
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import intent
 from homeassistant.setup import async_setup_component
@@ -45,6 +45,46 @@ async def async_set_up(hass: HomeAssistant, data: dict[str, Any]) -> MockConfigE
     assert not await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()
     return entry
+
+
+async def test_openai_platform_headers_are_built_off_the_loop(
+    hass: HomeAssistant, openai_peer: OpenAIPeer, platform_header_threads: list[bool]
+) -> None:
+    """Entry setup builds the SDK's platform headers in the executor first."""
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        title="Realtime Voice",
+        data=openai_data(openai_peer),
+        options=DEFAULT_OPTIONS_OPENAI,
+    )
+    entry.add_to_hass(hass)
+    await async_load_entry(hass, entry)
+    assert platform_header_threads
+    assert platform_header_threads[0] is False  # the first (uncached) call
+
+
+async def test_stop_listener_lives_and_dies_with_the_entry(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The HA-stop listener is the entry's: reloads never add one, unload removes it."""
+
+    def stop_listeners() -> int:
+        return hass.bus.async_listeners().get(EVENT_HOMEASSISTANT_STOP, 0)
+
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        title="Realtime Voice",
+        data=openai_data(openai_peer),
+        options=DEFAULT_OPTIONS_OPENAI,
+    )
+    entry.add_to_hass(hass)
+    await async_load_entry(hass, entry)  # also sets up HA's httpx client and more
+    loaded = stop_listeners()
+    for _ in range(2):
+        assert await hass.config_entries.async_reload(entry.entry_id)
+    assert stop_listeners() == loaded
+    assert await hass.config_entries.async_unload(entry.entry_id)
+    assert stop_listeners() == loaded - 1
 
 
 async def test_unreachable_endpoint_retries_with_a_translated_reason(

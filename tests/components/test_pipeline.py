@@ -62,9 +62,9 @@ async def test_pipeline_run_answers(home: Home, openai_peer: OpenAIPeer) -> None
     assert spoken(output) == "Good morning."
     # The pipeline saw the deltas while the agent was still running.
     assert home.satellite.streamed_text() == "Good morning."
-    snapshot = home.sessions.snapshot(SATELLITE)
+    snapshot = home.sessions.stats(SATELLITE)
     assert snapshot is not None
-    assert snapshot.conversation_id == output["conversation_id"]
+    assert snapshot.id == output["conversation_id"]
     assert openai_peer.requests[0].messages[-1] == {
         "role": "user",
         "content": "good morning",
@@ -97,12 +97,12 @@ async def test_new_run_mid_answer_cancels_the_round(
         ("assistant", "Once upon a time"),
         ("user", "what time is it"),
     ]
-    snapshot = home.sessions.snapshot(SATELLITE)
+    snapshot = home.sessions.stats(SATELLITE)
     assert snapshot is not None
-    assert snapshot.conversation_id == end.data["intent_output"]["conversation_id"]
-    assert home.sessions.knows(snapshot.conversation_id)
-    assert snapshot.interrupted == 1
-    assert snapshot.completed == 1
+    assert snapshot.id == end.data["intent_output"]["conversation_id"]
+    assert home.sessions.knows(snapshot.id)
+    assert snapshot.interrupted_rounds == 1
+    assert snapshot.completed_rounds == 1
     assert home.closed == []  # a barge-in is no new conversation
 
 
@@ -141,7 +141,7 @@ async def test_tool_running_at_barge_in_completes(
     assert spoken(intent_end(home)) == "It is noon."
 
     # The tool result is in the kernel's transcript, before the newest input.
-    transcript = home.sessions.kernel.transcript(snapshot.conversation_id)
+    transcript = home.entry.runtime_data.kernel.transcript(snapshot.id)
     assert transcript is not None
     roles = [(m.role, m.content) for m in transcript]
     tool_index = next(i for i, m in enumerate(transcript) if m.role == "tool")

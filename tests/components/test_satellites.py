@@ -19,7 +19,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.const import DOMAIN
 from custom_components.rtvoice.kernel import (
-    Capability,
+    ChannelDef,
     ChannelRegistry,
     ChildOptions,
     Kernel,
@@ -120,13 +120,11 @@ class Home:
 
 @dataclass
 class Rig:
-    """A started directory with its kernel registries and recorded callbacks."""
+    """A started directory with its prompt registry and recorded presence."""
 
     home: Home
     directory: SatelliteDirectory
-    channels: ChannelRegistry
     prompts: PromptRegistry
-    outputs: list[tuple[str, str]]
     presence: list[tuple[str, bool]]
 
     def info(self, entity_id: str) -> SatelliteInfo:
@@ -214,24 +212,12 @@ async def home(hass: HomeAssistant, tmp_path: Path) -> AsyncIterator[Home]:
 
 
 async def _start(home: Home, prompts: PromptRegistry | None = None) -> Rig:
-    outputs: list[tuple[str, str]] = []
     presence: list[tuple[str, bool]] = []
-
-    async def on_output(entity_id: str, delta: str) -> None:
-        outputs.append((entity_id, delta))
-
-    channels = ChannelRegistry()
     prompts = prompts if prompts is not None else PromptRegistry()
-    directory = SatelliteDirectory(
-        home.hass,
-        MockConfigEntry(domain=DOMAIN),
-        channels,
-        prompts,
-        on_output=on_output,
-    )
+    directory = SatelliteDirectory(home.hass, MockConfigEntry(domain=DOMAIN), prompts)
     await directory.async_start()
     directory.async_add_listener(lambda e, p: presence.append((e, p)))
-    return Rig(home, directory, channels, prompts, outputs, presence)
+    return Rig(home, directory, prompts, presence)
 
 
 @pytest.fixture
@@ -240,26 +226,6 @@ async def rig(home: Home) -> AsyncIterator[Rig]:
     started = await _start(home)
     yield started
     started.directory.async_stop()
-
-
-def _rt_pair_registered(channels: ChannelRegistry, entity_id: str) -> bool:
-    input_name, output_name = channel_names(entity_id)
-    ch_in, ch_out = channels.lookup(input_name), channels.lookup(output_name)
-    return (
-        ch_in is not None
-        and ch_out is not None
-        and ch_in.kind == "input"
-        and ch_out.kind == "output"
-        and Capability.RT in ch_in.capabilities
-        and Capability.RT in ch_out.capabilities
-        and ch_in.definition.realtime
-        and ch_in.definition.no_memory
-        and ch_out.definition.no_memory
-    )
-
-
-def _channel_names(channels: ChannelRegistry) -> set[str]:
-    return {c.name for c in channels.list()}
 
 
 # --------------------------------------------------------------------------- start
@@ -274,11 +240,9 @@ async def test_channel_names() -> None:
     assert prompt_owner("assist_satellite.kitchen") == "satellite_kitchen"
 
 
-async def test_start_registers_rt_pair_and_info(rig: Rig) -> None:
-    """The existing satellite is an RT pair and its info comes from the registries."""
+async def test_start_knows_the_satellite(rig: Rig) -> None:
+    """The existing satellite is known; its info comes from the registries."""
     assert rig.directory.satellites() == [KITCHEN_SAT]
-    assert _rt_pair_registered(rig.channels, KITCHEN_SAT)
-    assert _channel_names(rig.channels) == set(channel_names(KITCHEN_SAT))
     device_id = rig.home.device_of(KITCHEN_SAT)
     assert rig.directory.info(KITCHEN_SAT) == SatelliteInfo(
         entity_id=KITCHEN_SAT,
@@ -294,25 +258,25 @@ async def test_start_registers_rt_pair_and_info(rig: Rig) -> None:
     assert rig.directory.info("assist_satellite.nope") is None
 
 
-async def test_kernel_child_on_satellite_pair(rig: Rig) -> None:
-    """A kernel child bound to the pair streams to on_output with the entity id.
-
-    Its system prompt carries the satellite's sections (scope = entity id).
-    """
+async def test_kernel_child_in_satellite_scope(rig: Rig) -> None:
+    """A child in the satellite's prompt scope is told the satellite's sections."""
     provider = ScriptedProvider(default=[Text("Hel"), Text("lo")])
-    kernel = Kernel(provider, rig.channels, prompts=rig.prompts)
-    input_name, output_name = channel_names(KITCHEN_SAT)
+    channels = ChannelRegistry()
+    channels.register_input("c1:in", ChannelDef(realtime=True))
+    channels.register_output(
+        "c1:out", lambda _: None, definition=ChannelDef(realtime=True)
+    )
+    kernel = Kernel(provider, channels, prompts=rig.prompts)
     try:
         await kernel.spawn(
             ChildOptions(
-                id="c1", input=input_name, output=output_name, prompt_scope=KITCHEN_SAT
+                id="c1", input="c1:in", output="c1:out", prompt_scope=KITCHEN_SAT
             )
         )
         result = await outcome(kernel.push("c1", "hi"))
     finally:
         await kernel.stop_all()
     assert result.status == "completed"
-    assert rig.outputs == [(KITCHEN_SAT, "Hel"), (KITCHEN_SAT, "lo")]
     system = provider.calls[0].system
     assert '"Kitchen satellite"' in system
     assert "It is in the area Kitchen on floor Ground floor." in system
@@ -348,12 +312,11 @@ async def test_prompt_sections_for_scope_only(rig: Rig) -> None:
 
 
 async def test_added_satellite_registers(rig: Rig) -> None:
-    """A satellite added later gets its pair, sections and a presence notice."""
+    """A satellite added later gets its sections and a presence notice."""
     rig.home.add_satellites(FakeSatellite("sat-hall", "Hall box"))
     await rig.home.hass.async_block_till_done()
     hall = "assist_satellite.hall_box"
     assert rig.directory.satellites() == [hall, KITCHEN_SAT]
-    assert _rt_pair_registered(rig.channels, hall)
     assert rig.presence == [(hall, True)]
     sections = rig.sections(hall)
     assert "features" not in sections  # no features
@@ -362,7 +325,7 @@ async def test_added_satellite_registers(rig: Rig) -> None:
 
 
 async def test_removed_satellite_unregisters(rig: Rig) -> None:
-    """Removing the entity removes channels and sections and notifies listeners."""
+    """Removing the entity removes its sections and notifies listeners."""
     second: list[tuple[str, bool]] = []
     remove = rig.directory.async_add_listener(lambda e, p: second.append((e, p)))
     er.async_get(rig.home.hass).async_remove(KITCHEN_SAT)
@@ -370,7 +333,6 @@ async def test_removed_satellite_unregisters(rig: Rig) -> None:
     assert rig.home.hass.states.get(KITCHEN_SAT) is None
     assert rig.directory.satellites() == []
     assert rig.directory.info(KITCHEN_SAT) is None
-    assert _channel_names(rig.channels) == set()
     assert rig.prompts.snapshot() == []
     assert rig.presence == [(KITCHEN_SAT, False)]
     assert second == [(KITCHEN_SAT, False)]
@@ -383,14 +345,12 @@ async def test_removed_satellite_unregisters(rig: Rig) -> None:
 
 
 async def test_rename_moves_everything(rig: Rig) -> None:
-    """A new entity id moves channels and sections; listeners see removed + added."""
+    """A new entity id moves the sections; listeners see removed + added."""
     pantry = "assist_satellite.pantry"
     er.async_get(rig.home.hass).async_update_entity(KITCHEN_SAT, new_entity_id=pantry)
     await rig.home.hass.async_block_till_done()
     assert rig.home.hass.states.get(pantry) is not None
     assert rig.directory.satellites() == [pantry]
-    assert _rt_pair_registered(rig.channels, pantry)
-    assert _channel_names(rig.channels) == set(channel_names(pantry))
     assert rig.presence == [(KITCHEN_SAT, False), (pantry, True)]
     assert {s.owner for s in rig.prompts.snapshot()} == {"satellite_pantry"}
     assert {s.scope for s in rig.prompts.snapshot()} == {pantry}
@@ -492,7 +452,7 @@ async def test_state_only_satellite(rig: Rig) -> None:
         legacy, "idle", {"friendly_name": "Legacy box", "supported_features": 1}
     )
     await hass.async_block_till_done()
-    assert _rt_pair_registered(rig.channels, legacy)
+    assert rig.directory.satellites() == [KITCHEN_SAT, legacy]
     assert rig.presence == [(legacy, True)]
     assert rig.info(legacy).features == ("announce",)
     assert rig.sections(legacy)["features"] == "It can: make announcements."
@@ -507,7 +467,7 @@ async def test_state_only_satellite(rig: Rig) -> None:
     hass.states.async_remove(legacy)
     await hass.async_block_till_done()
     assert rig.presence == [(legacy, True), (legacy, False)]
-    assert rig.channels.lookup(channel_names(legacy)[0]) is None
+    assert rig.directory.info(legacy) is None
     assert rig.sections(legacy) == {}
 
 
@@ -719,7 +679,6 @@ async def test_stop_removes_everything(home: Home) -> None:
     ar.async_get(hass).async_update(home.kitchen.id, name="Galley")
     rig.directory.async_stop()
 
-    assert _channel_names(rig.channels) == set()
     assert rig.prompts.snapshot() == []
     assert rig.directory.satellites() == []
     assert _listener_counts(hass, events) == before
@@ -731,7 +690,6 @@ async def test_stop_removes_everything(home: Home) -> None:
         home.device_of(KITCHEN_SAT), area_id=home.bedroom.id
     )
     await hass.async_block_till_done()
-    assert _channel_names(rig.channels) == set()
     assert rig.prompts.snapshot() == []
     assert rig.presence == []
     rig.directory.async_stop()  # stopping twice is harmless

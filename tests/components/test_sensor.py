@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.const import DOMAIN, SIGNAL_SESSION_UPDATE
 from custom_components.rtvoice.entity import MANUFACTURER
-from custom_components.rtvoice.sensor import STATE_OPTIONS, unique_id
-from custom_components.rtvoice.sessions import SessionSnapshot
+from custom_components.rtvoice.kernel import ChildStats
+from custom_components.rtvoice.sensor import (
+    CLOSED_MEMORY,
+    STATE_OPTIONS,
+    SatelliteActivity,
+    unique_id,
+)
 from homeassistant.components.sensor import (
     ATTR_OPTIONS,
     ATTR_STATE_CLASS,
@@ -105,13 +109,37 @@ def is_(expected: str) -> Callable[[State], bool]:
     return lambda state: state.state == expected
 
 
+def child_stats(conversation_id: str, state: str, **counts: int) -> ChildStats:
+    """Return the kernel's counters of a conversation (those not given are 0)."""
+    fields = {
+        "rounds": 0,
+        "last_seq": 0,
+        "dropped": 0,
+        "pending": False,
+        "suppressed_cancels": 0,
+        "interrupted_rounds": 0,
+        "superseded_rounds": 0,
+        "tool_calls": 0,
+        **counts,
+    }
+    return ChildStats(id=conversation_id, state=state, **fields)
+
+
 def send_update(
-    hass: HomeAssistant, entry: MockConfigEntry, satellite: str | None, **kw: Any
+    hass: HomeAssistant,
+    entry: MockConfigEntry,
+    satellite: str | None,
+    *,
+    conversation_id: str,
+    state: str,
+    **counts: int,
 ) -> None:
     """Send a session update as the SessionManager does."""
-    snapshot = SessionSnapshot(satellite=satellite, **kw)
     async_dispatcher_send(
-        hass, SIGNAL_SESSION_UPDATE.format(entry.entry_id), satellite, snapshot
+        hass,
+        SIGNAL_SESSION_UPDATE.format(entry.entry_id),
+        satellite,
+        child_stats(conversation_id, state, **counts),
     )
 
 
@@ -179,11 +207,11 @@ async def test_state_follows_a_round(
         WaitFor(model_may_finish),
         Text(" there."),
     )
-    sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(QUIET_SATELLITE)
+    control = home.control
+    conversation_id = await control.async_start(QUIET_SATELLITE)
     await wait_state(hass, HALL_STATE, is_("listening"))
 
-    sessions.send(conversation_id, "hello")
+    control.send(conversation_id, "hello")
     await wait_state(hass, HALL_STATE, is_("thinking"))
     model_may_answer.set()
     await wait_state(hass, HALL_STATE, is_("speaking"))
@@ -194,14 +222,14 @@ async def test_state_follows_a_round(
     assert value(hass, KITCHEN_STATE) == "idle"  # other satellites are not touched
     assert value(hass, KITCHEN_ROUNDS) == "0"
 
-    await sessions.async_stop_conversation(conversation_id)
+    await control.async_stop(conversation_id)
     await wait_state(hass, HALL_STATE, is_("idle"))
     assert value(hass, HALL_ROUNDS) == "1"  # totals outlive the conversation
 
     # A second conversation adds to the totals of the first.
-    second = await sessions.async_start_conversation(QUIET_SATELLITE)
+    second = await control.async_start(QUIET_SATELLITE)
     assert second != conversation_id
-    sessions.send(second, "again")
+    control.send(second, "again")
     await wait_state(hass, HALL_ROUNDS, is_("2"))
     await wait_state(hass, HALL_STATE, is_("listening"))
 
@@ -213,12 +241,12 @@ async def test_dropped_inputs_are_counted(
     never = asyncio.Event()
     openai_peer.enqueue(WaitFor(never))  # the first round hangs until cut
     openai_peer.enqueue(Text("Done."))
-    sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(QUIET_SATELLITE)
-    sessions.send(conversation_id, "first")
+    control = home.control
+    conversation_id = await control.async_start(QUIET_SATELLITE)
+    control.send(conversation_id, "first")
     await openai_peer.wait_for_request(1)
-    sessions.send(conversation_id, "second")  # cuts the first round
-    sessions.send(conversation_id, "third")  # replaces "second" before it ran
+    control.send(conversation_id, "second")  # cuts the first round
+    control.send(conversation_id, "third")  # replaces "second" before it ran
     await wait_state(hass, HALL_DROPPED, is_("1"))
     await wait_state(hass, HALL_ROUNDS, is_("2"))  # "first" (cut) and "third"
     await wait_state(hass, HALL_STATE, is_("listening"))
@@ -295,6 +323,18 @@ async def test_totals_are_robust_to_update_order(
     assert value(hass, HALL_STATE) == "idle"
 
 
+def test_activity_memory_stays_flat() -> None:
+    """A satellite's thousandth conversation costs no more memory than its tenth."""
+    activity = SatelliteActivity(SATELLITE)
+    for number in range(1000):
+        conversation_id = f"c{number}"
+        activity.async_update(child_stats(conversation_id, "idle", rounds=1))
+        activity.async_update(child_stats(conversation_id, "closed", rounds=1))
+    assert activity.total("rounds") == 1000
+    assert activity.state == "idle"
+    assert activity.remembered <= CLOSED_MEMORY
+
+
 async def test_satellites_come_and_go(
     hass: HomeAssistant, home: Home, entry: MockConfigEntry
 ) -> None:
@@ -369,7 +409,7 @@ async def test_sensor_platform_set_up_during_a_conversation(
     """A conversation that already runs is shown at once, not at its next update."""
     assert await hass.config_entries.async_unload_platforms(entry, [Platform.SENSOR])
     assert value(hass, HALL_STATE) == STATE_UNAVAILABLE
-    await home.sessions.async_start_conversation(QUIET_SATELLITE)
+    await home.control.async_start(QUIET_SATELLITE)
     await hass.config_entries.async_forward_entry_setups(entry, [Platform.SENSOR])
     await hass.async_block_till_done()
     assert value(hass, HALL_STATE) == "listening"

@@ -82,9 +82,7 @@ async def send_answered(home: Home, conversation_id: str, text: str) -> None:
     """Send the first input (seq 1) by the action; wait until it was answered."""
     answered = home.wait_snapshot(
         lambda s: (
-            s.conversation_id == conversation_id
-            and s.completed == 1
-            and s.state == "idle"
+            s.id == conversation_id and s.completed_rounds == 1 and s.state == "idle"
         )
     )
     assert await call(
@@ -392,7 +390,7 @@ async def test_start_failure_is_reported(home: Home, entry: MockConfigEntry) -> 
     with (
         patch.object(
             entry.runtime_data.sessions,
-            "async_start_conversation",
+            "async_open",
             side_effect=KernelError("channel owned by the parent"),
         ),
         pytest.raises(HomeAssistantError) as err,

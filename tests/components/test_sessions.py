@@ -18,6 +18,7 @@ from pytest_homeassistant_custom_component.common import (
     get_scheduled_timer_handles,
 )
 
+from custom_components.rtvoice.chat_feed import tool_result_object
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
     CONF_AGENT_ID,
@@ -27,15 +28,14 @@ from custom_components.rtvoice.const import (
     CONF_LLM_HASS_API,
     LLM_API_NONE,
     SIGNAL_SESSION_UPDATE,
-)
-from custom_components.rtvoice.kernel import KernelError
-from custom_components.rtvoice.sessions import (
     STATE_CLOSED,
-    SessionSnapshot,
+)
+from custom_components.rtvoice.errors import (
     UnknownConversationError,
     UnknownSatelliteError,
-    _tool_result_object,
 )
+from custom_components.rtvoice.kernel import Capability, ChildStats
+from custom_components.rtvoice.satellites import channel_names
 from homeassistant.components import conversation
 from homeassistant.components.assist_pipeline.pipeline import (
     async_get_pipeline,
@@ -44,7 +44,13 @@ from homeassistant.components.assist_pipeline.pipeline import (
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import STATE_ON
 from homeassistant.core import Context, HomeAssistant, callback
-from homeassistant.helpers import entity_registry as er, intent
+from homeassistant.helpers import (
+    area_registry as ar,
+    device_registry as dr,
+    entity_registry as er,
+    intent,
+    llm,
+)
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.util import dt as dt_util
 from tests.components.common import PEER_API_KEY
@@ -128,17 +134,15 @@ async def test_new_conversation_on_a_satellite_closes_the_old_one(
     assert closed["chars"] > 0
     assert closed["satellite"] == SATELLITE
     assert "text" not in closed  # the transcript is pulled, never pushed
-    snapshot = home.sessions.snapshot(SATELLITE)
+    snapshot = home.sessions.stats(SATELLITE)
     assert snapshot is not None
-    assert snapshot.conversation_id == fresh.conversation_id
+    assert snapshot.id == fresh.conversation_id
     # The new child starts with an empty history.
     assert [m["content"] for m in openai_peer.requests[-1].messages[1:]] == [
         "new topic"
     ]
     # The closed transcript stays retrievable.
-    page = json.loads(
-        home.sessions.transcript_page(first.conversation_id, 0, 10, "raw")
-    )
+    page = home.control.transcript(first.conversation_id, 0, 10, "raw")
     assert page["total"] == 4
     assert first.conversation_id in home.sessions.known_ids()
 
@@ -153,25 +157,185 @@ async def test_sessions_are_per_satellite_and_per_conversation(
     browser = await converse(home, "hi")
     ids = {kitchen.conversation_id, hall.conversation_id, browser.conversation_id}
     assert len(ids) == 3
-    listed = {c["id"]: c for c in home.sessions.list_conversations()}
+    listed = {c["id"]: c for c in home.control.list_conversations()}
     assert set(listed) == ids
     assert listed[kitchen.conversation_id]["satellite"] == SATELLITE
     assert listed[hall.conversation_id]["satellite"] == QUIET_SATELLITE
     assert listed[browser.conversation_id]["satellite"] is None
-    assert listed[browser.conversation_id]["stats"]["completed"] == 1
+    assert listed[browser.conversation_id]["stats"]["completed_rounds"] == 1
     # A conversation without satellite holds an ad-hoc RT pair while it lives.
     channels = home.entry.runtime_data.channels
     adhoc = f"conversation.{browser.conversation_id}:in"
     assert channels.lookup(adhoc) is not None
     again = await converse(home, "more", browser.conversation_id)
     assert again.conversation_id == browser.conversation_id
-    assert await home.sessions.async_stop_conversation(browser.conversation_id) == 4
+    assert await home.control.async_stop(browser.conversation_id) == 4
     assert channels.lookup(adhoc) is None
     assert channels.lookup(f"conversation.{browser.conversation_id}:out") is None
-    assert {c["id"] for c in home.sessions.list_conversations()} == {
+    assert {c["id"] for c in home.control.list_conversations()} == {
         kitchen.conversation_id,
         hall.conversation_id,
     }
+
+
+async def test_each_conversation_is_told_only_its_own_area(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """HA's API prompt is per device: satellites never read each other's area.
+
+    The kitchen's turn is held inside a tool while the hall satellite prepares and
+    answers a turn; the kitchen's next request (after the tool) is still told the
+    kitchen. A conversation without a device is told no area at all.
+    """
+    hass = home.hass
+    slow = GatedBedLightOn()
+    intent.async_register(hass, slow)
+    areas = ar.async_get(hass)
+    devices = dr.async_get(hass)
+    kitchen_device = home.device_of(SATELLITE)
+    hall_device = home.device_of(QUIET_SATELLITE)
+    devices.async_update_device(
+        kitchen_device, area_id=areas.async_create("Scullery").id
+    )
+    devices.async_update_device(hall_device, area_id=areas.async_create("Foyer").id)
+    await async_setup_rtvoice(home, openai_peer)
+    first = await converse(home, "hello", device_id=kitchen_device)
+    slow_tool = tool_named(openai_peer.requests[0].tools, slow.intent_type)
+
+    openai_peer.enqueue(ToolCall("call_slow", slow_tool, "{}"))
+    kitchen_turn = hass.async_create_task(
+        converse(home, "bed light on", first.conversation_id, kitchen_device)
+    )
+    await wait(slow.started.wait())
+    openai_peer.enqueue(Text("Hello hall."))
+    assert speech(await converse(home, "hi", device_id=hall_device)) == "Hello hall."
+    openai_peer.enqueue(Text("Hello browser."))
+    assert speech(await converse(home, "hi")) == "Hello browser."
+    openai_peer.enqueue(Text("The bed light is on."))
+    slow.gate.set()
+    assert speech(await wait(kitchen_turn)) == "The bed light is on."
+
+    def system(number: int) -> str:
+        return str(openai_peer.requests[number].messages[0]["content"])
+
+    kitchen = [system(0), system(1), system(4)]
+    hall, browser = system(2), system(3)
+    for text in kitchen:
+        assert "You are in area Scullery" in text
+        assert "Foyer" not in text
+    assert "You are in area Foyer" in hall
+    assert "Scullery" not in hall
+    assert "You are in area" not in browser
+    # Each conversation's section goes with it.
+    await home.control.async_stop(first.conversation_id)
+    prompts = home.entry.runtime_data.prompts
+    assert not any(
+        "Scullery" in s.content and s.owner == "hass" for s in prompts.snapshot()
+    )
+
+
+async def test_a_close_waiting_for_a_tool_blocks_no_other_satellite(
+    home: Home, openai_peer: OpenAIPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new conversation on the kitchen waits for the old one's tool; the hall talks.
+
+    The kernel's close is wrapped only to learn when it began (the real close runs).
+    """
+    hass = home.hass
+    slow = GatedBedLightOn()
+    intent.async_register(hass, slow)
+    await async_setup_rtvoice(home, openai_peer)
+    kitchen_device = home.device_of(SATELLITE)
+    first = await converse(home, "hello", device_id=kitchen_device)
+    slow_tool = tool_named(openai_peer.requests[0].tools, slow.intent_type)
+    openai_peer.enqueue(ToolCall("call_slow", slow_tool, "{}"))
+    tool_turn = hass.async_create_task(
+        converse(home, "bed light on", first.conversation_id, kitchen_device)
+    )
+    await wait(slow.started.wait())
+
+    kernel = home.entry.runtime_data.kernel
+    closing = asyncio.Event()
+    real_close = kernel.close
+
+    async def close(child_id: str) -> int:
+        closing.set()
+        return await real_close(child_id)
+
+    monkeypatch.setattr(kernel, "close", close)
+    new_topic = hass.async_create_task(
+        converse(home, "new topic", None, kitchen_device)
+    )
+    await wait(closing.wait())
+    openai_peer.enqueue(Text("Hello hall."))
+    hall = await wait(converse(home, "hi", device_id=home.device_of(QUIET_SATELLITE)))
+    assert speech(hall) == "Hello hall."
+    # The kitchen's close is still waiting for its tool.
+    assert first.conversation_id in kernel.children()
+    assert not new_topic.done()
+
+    openai_peer.enqueue(Text("Sure."))
+    slow.gate.set()
+    await wait(tool_turn)
+    assert speech(await wait(new_topic)) == "Sure."
+    (closed,) = await home.wait_closed(1)
+    assert closed["id"] == first.conversation_id
+    assert hass.states.get(BED_LIGHT).state == STATE_ON
+
+
+class GatedApi(llm.API):
+    """A real LLM API whose instance is handed out only when the gate opens."""
+
+    def __init__(self, hass: HomeAssistant) -> None:
+        """Create the API with an open gate."""
+        super().__init__(hass=hass, id="rtvoice_test_gated", name="Gated")
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = asyncio.Event()
+
+    async def async_get_api_instance(
+        self, llm_context: llm.LLMContext
+    ) -> llm.APIInstance:
+        """Wait for the gate, then return an instance without tools."""
+        self.waiting.set()
+        await self.gate.wait()
+        return llm.APIInstance(
+            api=self, api_prompt="Gated.", llm_context=llm_context, tools=[]
+        )
+
+
+async def test_cancel_while_preparing_is_a_barge_in(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """HA cancelling a turn before its push keeps the call together.
+
+    A cancelled pipeline run never stores its chat session, so the next run comes
+    with a fresh id: it continues the same conversation instead of closing it.
+    """
+    hass = home.hass
+    api = GatedApi(hass)
+    unregister = llm.async_register_api(hass, api)
+    await async_setup_rtvoice(home, openai_peer, **{CONF_LLM_HASS_API: api.id})
+    device_id = home.device_of(SATELLITE)
+    first = await converse(home, "hello", device_id=device_id)
+
+    api.gate.clear()
+    api.waiting.clear()
+    cut = hass.async_create_task(
+        converse(home, "what is", first.conversation_id, device_id)
+    )
+    await wait(api.waiting.wait())
+    cut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+    api.gate.set()
+
+    openai_peer.enqueue(Text("Noon."))
+    again = await converse(home, "the time", None, device_id)
+    assert speech(again) == "Noon."
+    assert again.conversation_id == first.conversation_id
+    assert home.closed == []
+    unregister()
 
 
 async def test_device_without_satellite_is_its_own_key(
@@ -205,7 +369,29 @@ async def test_vanished_satellite_closes_its_conversation(
     await hass.async_block_till_done()
     (closed,) = await home.wait_closed(1)
     assert closed["id"] == result.conversation_id
-    assert home.sessions.snapshot(SATELLITE) is None
+    assert home.sessions.stats(SATELLITE) is None
+    channels = home.entry.runtime_data.channels
+    assert all(channels.lookup(name) is None for name in channel_names(SATELLITE))
+
+
+async def test_satellite_pairs_belong_to_the_session_manager(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """Each satellite is an RT pair (no memory) while the entry is loaded."""
+    await async_setup_rtvoice(home, openai_peer)
+    channels = home.entry.runtime_data.channels
+    for satellite in (SATELLITE, QUIET_SATELLITE):
+        input_name, output_name = channel_names(satellite)
+        pair = (channels.lookup(input_name), channels.lookup(output_name))
+        assert all(c is not None for c in pair)
+        assert all(Capability.RT in c.capabilities for c in pair if c)
+        assert all(c.definition.no_memory for c in pair if c)
+    openai_peer.enqueue(Text("Hello kitchen."))
+    result = await converse(home, "hi", device_id=home.device_of(SATELLITE))
+    assert speech(result) == "Hello kitchen."
+    assert channels.lookup(channel_names(SATELLITE)[1]).owner == result.conversation_id
+    await async_unload(home)
+    assert channels.list() == []
 
 
 # ── idle timer ─────────────────────────────────────────────────────────────
@@ -229,18 +415,16 @@ async def test_idle_timeout_closes_with_hand_off(
     (closed,) = await home.wait_closed(1)
     assert closed["id"] == first.conversation_id
     assert closed["messages"] == 4
-    assert home.sessions.snapshot(SATELLITE) is None
-    assert home.sessions.list_conversations() == []
+    assert home.sessions.stats(SATELLITE) is None
+    assert home.control.list_conversations() == []
     assert idle_handles() == []
     with pytest.raises(UnknownConversationError, match="live: none"):
-        home.sessions.send(first.conversation_id, "are you there?")
+        home.control.send(first.conversation_id, "are you there?")
 
     # HA still knows the id; the closed transcript keeps it: a new id is used.
     again = await converse(home, "back again", first.conversation_id, device_id)
     assert again.conversation_id != first.conversation_id
-    page = json.loads(
-        home.sessions.transcript_page(first.conversation_id, 0, 40, "raw")
-    )
+    page = home.control.transcript(first.conversation_id, 0, 40, "raw")
     assert page["total"] == 4
 
 
@@ -260,7 +444,7 @@ async def test_idle_timer_waits_for_a_running_turn(
     release.set()
     result = await wait(turn)
     assert speech(result) == "Still here."
-    assert home.sessions.list_conversations()[0]["id"] == result.conversation_id
+    assert home.control.list_conversations()[0]["id"] == result.conversation_id
 
 
 # ── carry-over ─────────────────────────────────────────────────────────────
@@ -271,17 +455,17 @@ async def test_carry_over_of_an_input_superseded_in_the_slot(
 ) -> None:
     """Two inputs racing: the first never reaches the model and rides along."""
     await async_setup_rtvoice(home, openai_peer)
-    sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(None)
-    first = sessions.send(conversation_id, "turn on the")
-    second = sessions.send(conversation_id, "kitchen light")
+    control = home.control
+    conversation_id = await control.async_start(None)
+    first = control.send(conversation_id, "turn on the")
+    second = control.send(conversation_id, "kitchen light")
     assert second == first + 1
     request = await openai_peer.wait_for_request(1)
     assert request.messages[-1] == {
         "role": "user",
         "content": "turn on the kitchen light",
     }
-    snapshot = await home.wait_snapshot(lambda s: s.completed == 1)
+    snapshot = await home.wait_snapshot(lambda s: s.completed_rounds == 1)
     assert snapshot.dropped == 1  # superseded in the slot: counted as dropped
     assert len(openai_peer.requests) == 1
 
@@ -337,10 +521,10 @@ async def test_no_carry_over_after_output_or_when_off(
 async def test_carry_over_option_off(home: Home, openai_peer: OpenAIPeer) -> None:
     """With carry-over off the superseded input is simply dropped."""
     await async_setup_rtvoice(home, openai_peer, **{CONF_CARRY_OVER: False})
-    sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(None)
-    sessions.send(conversation_id, "turn on the")
-    sessions.send(conversation_id, "kitchen light")
+    control = home.control
+    conversation_id = await control.async_start(None)
+    control.send(conversation_id, "turn on the")
+    control.send(conversation_id, "kitchen light")
     request = await openai_peer.wait_for_request(1)
     assert request.messages[-1] == {"role": "user", "content": "kitchen light"}
 
@@ -359,7 +543,7 @@ async def test_cancelled_caller_interrupts_the_round(
     with pytest.raises(asyncio.CancelledError):
         await task
     await wait(held.disconnected.wait())
-    snapshot = await home.wait_snapshot(lambda s: s.interrupted == 1)
+    snapshot = await home.wait_snapshot(lambda s: s.interrupted_rounds == 1)
     assert snapshot.state == "idle"
     assert snapshot.messages == 2  # the input and what was said before the cut
 
@@ -381,7 +565,7 @@ async def test_cancel_before_the_round_started(
     task: asyncio.Task[conversation.ConversationResult] | None = None
 
     @callback
-    def pushed(_satellite: str | None, snapshot: SessionSnapshot) -> None:
+    def pushed(_satellite: str | None, snapshot: ChildStats) -> None:
         # Runs inside the push, before the caller awaits: cancel it right there.
         if snapshot.last_seq == 2 and task is not None and not task.done():
             task.cancel()
@@ -393,8 +577,8 @@ async def test_cancel_before_the_round_started(
     with pytest.raises(asyncio.CancelledError):
         await task
     unsub()
-    snapshot = await home.wait_snapshot(lambda s: s.interrupted == 1)
-    assert snapshot.completed == 1
+    snapshot = await home.wait_snapshot(lambda s: s.interrupted_rounds == 1)
+    assert snapshot.completed_rounds == 1
     openai_peer.enqueue(Text("Noon."))
     answered = await converse(home, "the time", first.conversation_id)
     assert speech(answered) == "Noon."
@@ -413,9 +597,9 @@ async def test_cancel_after_the_answer_was_complete(
     task: asyncio.Task[conversation.ConversationResult] | None = None
 
     @callback
-    def finished(_satellite: str | None, snapshot: SessionSnapshot) -> None:
+    def finished(_satellite: str | None, snapshot: ChildStats) -> None:
         # The round has settled its outcome; the caller has not resumed yet.
-        if snapshot.completed == 1 and task is not None and not task.done():
+        if snapshot.completed_rounds == 1 and task is not None and not task.done():
             task.cancel()
 
     unsub = async_dispatcher_connect(
@@ -426,10 +610,10 @@ async def test_cancel_after_the_answer_was_complete(
     with pytest.raises(asyncio.CancelledError):
         await task
     unsub()
-    (listed,) = home.sessions.list_conversations()
-    assert listed["stats"]["interrupted"] == 0
+    (listed,) = home.control.list_conversations()
+    assert listed["stats"]["interrupted_rounds"] == 0
     assert listed["stats"]["messages"] == 2
-    page = home.sessions.transcript_page(listed["id"], 0, 40, "text")
+    page = home.control.transcript(listed["id"], 0, 40, "text")["transcript"]
     assert "[assistant] All done." in page
 
 
@@ -459,7 +643,7 @@ async def test_cancelled_input_waiting_behind_a_tool_is_never_answered_alone(
     # The tool finished and its round ended (a newer input had arrived meanwhile);
     # the withdrawn input never got a round of its own.
     snapshot = await home.wait_snapshot(
-        lambda s: s.interrupted == 1 and s.state == "idle"
+        lambda s: s.interrupted_rounds == 1 and s.state == "idle"
     )
     assert snapshot.dropped == 1
     assert snapshot.rounds == 2
@@ -492,9 +676,7 @@ async def test_stop_during_a_tool_with_a_cancelled_caller(
         converse(home, "bed light on, slowly", first.conversation_id)
     )
     await wait(slow.started.wait())
-    stop = hass.async_create_task(
-        home.sessions.async_stop_conversation(first.conversation_id)
-    )
+    stop = hass.async_create_task(home.control.async_stop(first.conversation_id))
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await turn
@@ -516,12 +698,11 @@ async def test_start_send_and_announce_on_a_satellite(
     hass = home.hass
     await async_setup_rtvoice(home, openai_peer)
     sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(
-        SATELLITE, "You are the doorbell."
-    )
-    assert sessions.snapshot(SATELLITE).conversation_id == conversation_id
+    control = home.control
+    conversation_id = await control.async_start(SATELLITE, "You are the doorbell.")
+    assert sessions.stats(SATELLITE).id == conversation_id
     openai_peer.enqueue(Text("Someone is "), Text("at the door."))
-    assert sessions.send(conversation_id, "Tell the user about the visitor.") == 1
+    assert control.send(conversation_id, "Tell the user about the visitor.") == 1
     await home.satellite.wait_until(lambda: bool(home.satellite.announcements))
     assert home.satellite.announcements == ["Someone is at the door."]
     system = openai_peer.requests[0].messages[0]["content"]
@@ -534,15 +715,15 @@ async def test_start_send_and_announce_on_a_satellite(
     assert speech(reply) == "I will open."
     assert home.satellite.announcements == ["Someone is at the door."]
 
-    text = sessions.transcript_page(conversation_id, 0, 40, "text")
+    text = control.transcript(conversation_id, 0, 40, "text")["transcript"]
     assert "[user] Tell the user about the visitor." in text
     assert "[assistant] I will open." in text
-    assert await sessions.async_stop_conversation(conversation_id) == 4
+    assert await control.async_stop(conversation_id) == 4
     (closed,) = await home.wait_closed(1)
     assert closed["id"] == conversation_id
     assert closed["satellite"] == SATELLITE
     with pytest.raises(UnknownConversationError):
-        await sessions.async_stop_conversation(conversation_id)
+        await control.async_stop(conversation_id)
     await hass.async_block_till_done()
 
 
@@ -551,14 +732,14 @@ async def test_satellite_without_announce_keeps_the_answer_in_the_transcript(
 ) -> None:
     """No announcement feature: the answer is only in the transcript."""
     await async_setup_rtvoice(home, openai_peer)
-    sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(QUIET_SATELLITE)
+    control = home.control
+    conversation_id = await control.async_start(QUIET_SATELLITE)
     openai_peer.enqueue(Text("Quiet answer."))
-    sessions.send(conversation_id, "hello")
-    await home.wait_snapshot(lambda s: s.completed == 1)
+    control.send(conversation_id, "hello")
+    await home.wait_snapshot(lambda s: s.completed_rounds == 1)
     assert home.quiet_satellite.announcements == []
-    raw = json.loads(sessions.transcript_page(conversation_id, 0, 40, "raw"))
-    assert raw["messages"][-1]["content"] == "Quiet answer."
+    raw = control.transcript(conversation_id, 0, 40, "raw")
+    assert raw["transcript"][-1]["content"] == "Quiet answer."
 
 
 async def test_starting_again_on_a_satellite_replaces_the_conversation(
@@ -566,15 +747,15 @@ async def test_starting_again_on_a_satellite_replaces_the_conversation(
 ) -> None:
     """A second start on the same satellite closes the first (hand-off)."""
     await async_setup_rtvoice(home, openai_peer)
-    sessions = home.sessions
-    first = await sessions.async_start_conversation(QUIET_SATELLITE)
-    sessions.send(first, "hello")
-    await home.wait_snapshot(lambda s: s.completed == 1)
-    second = await sessions.async_start_conversation(QUIET_SATELLITE)
+    control = home.control
+    first = await control.async_start(QUIET_SATELLITE)
+    control.send(first, "hello")
+    await home.wait_snapshot(lambda s: s.completed_rounds == 1)
+    second = await control.async_start(QUIET_SATELLITE)
     assert second != first
     (closed,) = await home.wait_closed(1)
     assert closed["id"] == first
-    assert [c["id"] for c in sessions.list_conversations()] == [second]
+    assert [c["id"] for c in control.list_conversations()] == [second]
 
 
 async def test_failed_announcement_is_only_logged(
@@ -584,11 +765,11 @@ async def test_failed_announcement_is_only_logged(
     hass = home.hass
     await async_setup_rtvoice(home, openai_peer)
     await async_update_pipeline(hass, async_get_pipeline(hass), tts_engine="tts.gone")
-    sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(SATELLITE)
+    control = home.control
+    conversation_id = await control.async_start(SATELLITE)
     openai_peer.enqueue(Text("Unheard."))
-    sessions.send(conversation_id, "hello")
-    await home.wait_snapshot(lambda s: s.completed == 1)
+    control.send(conversation_id, "hello")
+    await home.wait_snapshot(lambda s: s.completed_rounds == 1)
     await hass.async_block_till_done()
     assert f"Announcing on {SATELLITE} failed: HomeAssistantError" in caplog.text
     assert "Unheard" not in caplog.text  # what was said never reaches the log
@@ -599,10 +780,10 @@ async def test_unload_while_announcing(home: Home, openai_peer: OpenAIPeer) -> N
     """An announcement still playing is cancelled by the unload."""
     await async_setup_rtvoice(home, openai_peer)
     home.satellite.announce_gate = asyncio.Event()  # never opens
-    sessions = home.sessions
-    conversation_id = await sessions.async_start_conversation(SATELLITE)
+    control = home.control
+    conversation_id = await control.async_start(SATELLITE)
     openai_peer.enqueue(Text("A long announcement."))
-    sessions.send(conversation_id, "hello")
+    control.send(conversation_id, "hello")
     await home.satellite.wait_until(lambda: bool(home.satellite.announcements))
     await async_unload(home)
     assert _rtvoice_tasks() == []
@@ -622,22 +803,23 @@ async def test_conversation_id_parent_is_not_taken(
 
 def test_tool_result_shapes() -> None:
     """Tool results become JSON objects for HA's chat log, whatever their shape."""
-    assert _tool_result_object('{"a": 1}') == {"a": 1}
-    assert _tool_result_object("[1, 2]") == {"result": [1, 2]}
-    assert _tool_result_object("plain text") == {"result": "plain text"}
+    assert tool_result_object('{"a": 1}') == {"a": 1}
+    assert tool_result_object("[1, 2]") == {"result": [1, 2]}
+    assert tool_result_object("plain text") == {"result": "plain text"}
 
 
 async def test_control_plane_errors(home: Home, openai_peer: OpenAIPeer) -> None:
-    """Unknown satellites and conversations are clear errors (KernelError kinds)."""
+    """Unknown satellites and conversations are clear errors (HA errors)."""
     await async_setup_rtvoice(home, openai_peer)
     sessions = home.sessions
+    control = home.control
     with pytest.raises(UnknownSatelliteError, match=SATELLITE):
-        await sessions.async_start_conversation("assist_satellite.nowhere")
-    with pytest.raises(KernelError, match="nope"):
-        sessions.send("nope", "hello")
-    with pytest.raises(KernelError, match="nope"):
-        sessions.transcript_page("nope", 0, 40, "text")
-    assert sessions.snapshot(SATELLITE) is None
+        await control.async_start("assist_satellite.nowhere")
+    with pytest.raises(UnknownConversationError, match="nope"):
+        control.send("nope", "hello")
+    with pytest.raises(UnknownConversationError, match="nope"):
+        control.transcript("nope", 0, 40, "text")
+    assert sessions.stats(SATELLITE) is None
     assert sessions.known_ids() == []
     assert not sessions.knows("nope")
 
@@ -678,17 +860,17 @@ async def test_state_updates_for_sensors(home: Home, openai_peer: OpenAIPeer) ->
     """Every state change and the close are signalled with a snapshot."""
     hass = home.hass
     entry = await async_setup_rtvoice(home, openai_peer)
-    seen: list[tuple[str | None, SessionSnapshot]] = []
+    seen: list[tuple[str | None, ChildStats]] = []
 
     @callback  # run in the loop, in order (a plain lambda runs in an executor)
-    def record(satellite: str | None, snapshot: SessionSnapshot) -> None:
+    def record(satellite: str | None, snapshot: ChildStats) -> None:
         seen.append((satellite, snapshot))
 
     unsub = async_dispatcher_connect(
         hass, SIGNAL_SESSION_UPDATE.format(entry.entry_id), record
     )
     result = await converse(home, "hello", device_id=home.device_of(SATELLITE))
-    await home.sessions.async_stop_conversation(result.conversation_id)
+    await home.control.async_stop(result.conversation_id)
     await hass.async_block_till_done()
     unsub()
     states = [snap.state for _, snap in seen]
@@ -696,9 +878,9 @@ async def test_state_updates_for_sensors(home: Home, openai_peer: OpenAIPeer) ->
     assert states[-1] == STATE_CLOSED
     assert {sat for sat, _ in seen} == {SATELLITE}
     final = seen[-1][1]
-    assert final.conversation_id == result.conversation_id
+    assert final.id == result.conversation_id
     assert final.messages == 2
-    assert final.completed == 1
+    assert final.completed_rounds == 1
     assert final.first_delta_ms is not None
 
 
@@ -717,7 +899,7 @@ async def test_unload_leaves_nothing_behind(
     """Unloading hands every conversation off and leaves no task or timer."""
     await async_setup_rtvoice(home, openai_peer)
     result = await converse(home, "hello", device_id=home.device_of(SATELLITE))
-    started = await home.sessions.async_start_conversation(None)
+    started = await home.control.async_start(None)
     assert _rtvoice_tasks()
     assert len(idle_handles()) == 2
     await async_unload(home)

@@ -56,8 +56,8 @@ async def test_endpoints_agents_and_conversations(
     """Reachability per endpoint, the agent of delegating entries, open conversations."""
     openai = await async_load_entry(hass, openai_entry(hass, openai_peer))
     await async_load_entry(hass, _agent_entry(hass))
-    await openai.runtime_data.sessions.async_start_conversation(QUIET_SATELLITE)
-    await openai.runtime_data.sessions.async_start_conversation(None)
+    await openai.runtime_data.control.async_start(QUIET_SATELLITE)
+    await openai.runtime_data.control.async_start(None)
     requests_before = len(openai_peer.requests)
 
     assert await _info(hass) == {

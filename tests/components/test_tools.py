@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import voluptuous as vol
 
-from custom_components.rtvoice.brain import TurnContext
+from custom_components.rtvoice import compat
 from custom_components.rtvoice.const import PROMPT_OWNER_HASS
 from custom_components.rtvoice.kernel import (
     ChannelDef,
@@ -34,9 +34,10 @@ from custom_components.rtvoice.kernel import (
 )
 from custom_components.rtvoice.tools import (
     API_PROMPT_ORDER,
-    API_PROMPT_SECTION,
     HaToolRunner,
+    api_prompt_section,
 )
+from custom_components.rtvoice.turn import TurnContext
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import entity_registry as er, llm
@@ -105,7 +106,12 @@ class Rig:
             f"{child_id}:out", lambda _: None, definition=ChannelDef(realtime=True)
         )
         await self.kernel.spawn(
-            ChildOptions(id=child_id, input=f"{child_id}:in", output=f"{child_id}:out")
+            ChildOptions(
+                id=child_id,
+                input=f"{child_id}:in",
+                output=f"{child_id}:out",
+                prompt_scope=child_id,
+            )
         )
 
     async def prepare(self, child_id: str = CHILD, **turn: Any) -> None:
@@ -153,12 +159,15 @@ async def test_specs_come_from_the_assist_api(rig: Rig) -> None:
     assert rig.runner.specs() == []
 
 
-async def test_api_prompt_is_a_global_section(rig: Rig) -> None:
-    """HA's API prompt is declared as the hass.llm_api section, global."""
-    (section,) = [s for s in rig.prompts.snapshot() if s.section == API_PROMPT_SECTION]
+async def test_api_prompt_is_a_section_of_the_conversation(rig: Rig) -> None:
+    """HA's API prompt is declared per conversation, in its prompt scope only."""
+    (section,) = [
+        s for s in rig.prompts.snapshot() if s.section == api_prompt_section(CHILD)
+    ]
     assert section.owner == PROMPT_OWNER_HASS
     assert section.order == API_PROMPT_ORDER
-    assert section.scope is None
+    assert section.scope == CHILD
+    assert rig.prompts.render("another.scope") == ""
     assert "Kitchen Lights" in section.content
     assert "Bed Light" not in section.content  # not exposed
 
@@ -258,13 +267,40 @@ async def test_call_after_forget_is_an_error_result(
 
 
 async def test_forget_drops_the_prepared_instance(rig: Rig) -> None:
-    """After forget the child has no tools; remove_prompt drops the section."""
+    """After forget the child has no tools and its API prompt is gone."""
     rig.runner.forget(CHILD)
     await rig.run()
     assert rig.model.offered[-1] == []
+    assert rig.prompts.render(CHILD) == ""
 
-    rig.runner.remove_prompt()
-    assert rig.prompts.render() == ""
+
+async def test_schemas_are_converted_once_per_language(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every turn gets a new API instance; unchanged tools are not converted again.
+
+    The converter is wrapped only to count its calls (it still converts).
+    """
+    converted: list[Any] = []
+    real = compat.convert_schema
+
+    def counting(schema: Any, serializer: Any = None) -> dict[str, Any]:
+        converted.append(schema)
+        return real(schema, serializer)
+
+    monkeypatch.setattr(compat, "convert_schema", counting)
+    await rig.prepare()
+    await rig.prepare(child_id="01JCHILD0000000000000000BB")
+    assert converted == []  # the fixture's prepare converted them already
+    await rig.run()
+    assert tool_named(rig.model.offered[-1], "HassTurnOn").parameters["type"] == (
+        "object"
+    )
+    await rig.prepare(language="de")
+    assert converted  # another language: converted (and cached) again
+    count = len(converted)
+    await rig.prepare(language="de")
+    assert len(converted) == count
 
 
 async def test_turn_device_reaches_the_api(rig: Rig, hass: HomeAssistant) -> None:

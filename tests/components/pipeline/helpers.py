@@ -34,7 +34,9 @@ from custom_components.rtvoice.const import (
     EVENT_CONVERSATION_CLOSED,
     SIGNAL_SESSION_UPDATE,
 )
-from custom_components.rtvoice.sessions import SessionManager, SessionSnapshot
+from custom_components.rtvoice.control import ControlPlane
+from custom_components.rtvoice.kernel import ChildStats
+from custom_components.rtvoice.sessions import SessionManager
 from homeassistant.components import stt, tts
 from homeassistant.components.assist_pipeline import (
     PipelineEvent,
@@ -273,6 +275,12 @@ class Home:
         assert self.entry is not None
         return self.entry.runtime_data.sessions
 
+    @property
+    def control(self) -> ControlPlane:
+        """The control plane of the loaded rtvoice entry."""
+        assert self.entry is not None
+        return self.entry.runtime_data.control
+
     async def wait_closed(self, count: int) -> list[dict[str, Any]]:
         """Wait until ``count`` conversations were handed off; return their events."""
         async with self.events_changed:
@@ -280,17 +288,17 @@ class Home:
         return self.closed
 
     async def wait_snapshot(
-        self, predicate: Callable[[SessionSnapshot], bool]
-    ) -> SessionSnapshot:
+        self, predicate: Callable[[ChildStats], bool]
+    ) -> ChildStats:
         """Wait for a session update (dispatcher signal) that satisfies ``predicate``."""
         assert self.entry is not None
-        for item in self.sessions.list_conversations():
-            if (now := self.sessions.snapshot(item["id"])) and predicate(now):
+        for item in self.control.list_conversations():
+            if (now := self.sessions.stats(item["id"])) and predicate(now):
                 return now
-        found: asyncio.Future[SessionSnapshot] = self.hass.loop.create_future()
+        found: asyncio.Future[ChildStats] = self.hass.loop.create_future()
 
         @callback
-        def updated(_satellite: str | None, snapshot: SessionSnapshot) -> None:
+        def updated(_satellite: str | None, snapshot: ChildStats) -> None:
             if not found.done() and predicate(snapshot):
                 found.set_result(snapshot)
 

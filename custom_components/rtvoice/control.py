@@ -1,0 +1,221 @@
+"""The control plane: start, send to, stop, list and read conversations.
+
+DESIGN §4.8 / §5.4. One ``ControlPlane`` per entry serves both the ``rtvoice.*``
+actions (``services``) and the control LLM API (``control_api``); each of them only
+turns its callers' input into these calls and the errors into its own messages.
+
+Answers of inputs sent here (``send``) are spoken on the satellite with
+``assist_satellite.announce`` when the satellite supports announcements; otherwise
+they are only kept in the transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import asdict
+from functools import partial
+import json
+import logging
+from typing import Any, Final, Literal
+
+from homeassistant.config_entries import ConfigEntry
+from homeassistant.core import HomeAssistant, callback
+from homeassistant.exceptions import HomeAssistantError
+
+from .const import DOMAIN
+from .errors import RtVoiceError, UnknownConversationError, UnknownSatelliteError
+from .kernel import Kernel, KernelError, Outcome, Ticket
+from .satellites import SATELLITE_DOMAIN, SatelliteDirectory
+from .sessions import SessionManager
+
+_LOGGER = logging.getLogger(__name__)
+
+FORMAT_TEXT: Final = "text"
+FORMAT_RAW: Final = "raw"
+TRANSCRIPT_FORMATS: Final = (FORMAT_TEXT, FORMAT_RAW)
+MAX_PAGE_LIMIT: Final = 500
+# At most this many ids are named in an "unknown conversation" message.
+MAX_IDS_IN_MESSAGE: Final = 20
+FEATURE_ANNOUNCE: Final = "announce"
+
+
+def id_list(ids: Iterable[str], limit: int = MAX_IDS_IN_MESSAGE) -> str:
+    """Ids for a message: comma separated, at most ``limit``, "none" when empty."""
+    ids = list(ids)
+    if not ids:
+        return "none"
+    text = ", ".join(ids[:limit])
+    if len(ids) > limit:
+        text += f" … (+{len(ids) - limit} more)"
+    return text
+
+
+class ControlPlane:
+    """The parent's side of one entry's conversations."""
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        entry: ConfigEntry,
+        kernel: Kernel,
+        sessions: SessionManager,
+        satellites: SatelliteDirectory,
+    ) -> None:
+        """Serve the conversations of ``sessions`` (on ``kernel``)."""
+        self._hass = hass
+        self._entry = entry
+        self._kernel = kernel
+        self._sessions = sessions
+        self._satellites = satellites
+        self._announce_tasks: set[asyncio.Task[None]] = set()
+        self._shut_down = False
+
+    async def async_start(
+        self, satellite: str | None, system_prompt: str | None = None
+    ) -> str:
+        """Start a conversation (on a satellite, else on an ad-hoc pair); its id.
+
+        Raises ``UnknownSatelliteError`` for a satellite the entry does not know,
+        ``RtVoiceError`` when the kernel refuses the conversation.
+        """
+        info = self._satellites.info(satellite) if satellite is not None else None
+        if satellite is not None and info is None:
+            raise UnknownSatelliteError(
+                f"unknown satellite {satellite!r}"
+                f" (known: {id_list(self._satellites.satellites(), limit=50)})"
+            )
+        language = (info.language if info else None) or self._hass.config.language
+        try:
+            return await self._sessions.async_open(satellite, system_prompt, language)
+        except KernelError as err:
+            raise RtVoiceError(str(err)) from err
+
+    def send(self, conversation_id: str, text: str) -> int:
+        """Push ``text`` into a live conversation (interrupting it); the input seq.
+
+        Raises ``UnknownConversationError`` when no live conversation has the id.
+        """
+        ticket = self._sessions.push(conversation_id, text)
+        ticket.outcome.add_done_callback(
+            partial(
+                self._sent_round_done, self._sessions.resolve(conversation_id), ticket
+            )
+        )
+        return ticket.seq
+
+    async def async_stop(self, conversation_id: str) -> int:
+        """Close a live conversation with hand-off; the number of messages handed off.
+
+        Raises ``UnknownConversationError`` when no live conversation has the id.
+        """
+        return await self._sessions.async_close(conversation_id)
+
+    def list_conversations(self) -> list[dict[str, Any]]:
+        """Live conversations: id, satellite, device, state and the kernel's counters."""
+        return [
+            {
+                "id": conversation.id,
+                "satellite": conversation.satellite,
+                "device_id": conversation.device_id,
+                "state": conversation.stats.state,
+                "stats": {
+                    key: value
+                    for key, value in asdict(conversation.stats).items()
+                    if key not in ("id", "state")
+                },
+            }
+            for conversation in self._sessions.conversations()
+        ]
+
+    def transcript(
+        self, conversation_id: str, offset: int, limit: int, fmt: str
+    ) -> dict[str, Any]:
+        """One transcript page: ``conversation_id``, ``offset``, ``total``, ``transcript``.
+
+        ``transcript`` is the text rendering (one line per message) or, for ``raw``,
+        the list of messages as JSON objects. Raises ``UnknownConversationError`` for
+        an id that is neither live nor archived.
+
+        TODO(kernel): use ``Kernel.transcript_page_data(...)`` (a ``TranscriptPage``)
+        instead of parsing the raw page's JSON.
+        """
+        child_id = self._sessions.resolve(conversation_id)
+        try:
+            raw = json.loads(
+                self._kernel.transcript_page(child_id, offset, limit, FORMAT_RAW)
+            )
+            transcript: Any = raw["messages"]
+            if fmt == FORMAT_TEXT:
+                text_format: Literal["text"] = "text"
+                transcript = self._kernel.transcript_page(
+                    child_id, offset, limit, text_format
+                )
+        except KernelError as err:
+            raise UnknownConversationError(str(err)) from err
+        return {
+            "conversation_id": conversation_id,
+            "offset": offset,
+            "total": raw["total"],
+            "transcript": transcript,
+        }
+
+    def known_ids(self) -> list[str]:
+        """Ids of live and archived conversations."""
+        return self._sessions.known_ids()
+
+    def knows(self, conversation_id: str) -> bool:
+        """Whether the id names a live conversation (any of its ids) or an archive."""
+        return self._sessions.knows(conversation_id)
+
+    async def async_shutdown(self) -> None:
+        """Stop announcing; wait for announcements under way to end."""
+        self._shut_down = True
+        for task in self._announce_tasks:
+            task.cancel()
+        if self._announce_tasks:
+            await asyncio.wait(self._announce_tasks)
+
+    # ── speaking the answers of sent inputs ───────────────────────────────
+
+    @callback
+    def _sent_round_done(
+        self, conversation_id: str, ticket: Ticket, future: asyncio.Future[Outcome]
+    ) -> None:
+        """Speak the answer of a control-plane input on its satellite."""
+        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
+            return
+        outcome = future.result()
+        if outcome.status != "completed" or self._shut_down:
+            return
+        satellite = self._sessions.satellite(conversation_id)
+        if (
+            satellite is None
+            or (info := self._satellites.info(satellite)) is None
+            or FEATURE_ANNOUNCE not in info.features
+            or not (speech := self._sessions.spoken(conversation_id, ticket, outcome))
+        ):
+            return
+        # TODO(kernel): with ChildOptions.delivery, acknowledge the announced text
+        # (Kernel.acknowledge) once the announcement has played.
+        task = self._entry.async_create_background_task(
+            self._hass,
+            self._async_announce(satellite, speech),
+            f"{DOMAIN} announce {conversation_id}",
+        )
+        self._announce_tasks.add(task)
+        task.add_done_callback(self._announce_tasks.discard)
+
+    async def _async_announce(self, satellite: str, text: str) -> None:
+        try:
+            await self._hass.services.async_call(
+                SATELLITE_DOMAIN,
+                "announce",
+                {"message": text},
+                target={"entity_id": satellite},
+                blocking=True,
+            )
+        except HomeAssistantError as err:
+            _LOGGER.warning(
+                "Announcing on %s failed: %s", satellite, type(err).__name__
+            )
