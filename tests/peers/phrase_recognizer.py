@@ -43,6 +43,18 @@ _NOISE_SEED = 0  # fixed: the same clip always decodes the same way
 _SEARCH = "phrases"
 _WORD = re.compile(r"[a-z0-9']+")
 
+# Loading the acoustic model is most of a recognizer's start-up (~0.8 s): closed
+# recognizers hand their decoder back for the next one (tests start many servers).
+_idle_decoders: list[Decoder] = []
+_idle_lock = threading.Lock()
+
+
+def _take_decoder() -> Decoder:
+    with _idle_lock:
+        if _idle_decoders:
+            return _idle_decoders.pop()
+    return Decoder(Config(loglevel="FATAL"))
+
 
 class UnknownWordsError(ValueError):
     """A phrase uses words the bundled pronunciation dictionary does not know."""
@@ -68,7 +80,8 @@ class PhraseRecognizer:
     """A pocketsphinx decoder whose grammar is the declared phrases.
 
     Thread-safe: calls are serialised on one decoder (one utterance at a time).
-    Creating one loads the bundled English model (~0.2 s): do it off the loop.
+    Creating one may load the bundled English model (~0.8 s): do it off the loop.
+    ``close`` hands the decoder back for reuse.
     """
 
     def __init__(
@@ -77,9 +90,21 @@ class PhraseRecognizer:
         """Load the model and build the grammar; raise on unusable phrases."""
         self._lock = threading.Lock()
         self._noise_amplitude = noise_amplitude
-        self._decoder = Decoder(Config(loglevel="FATAL"))
+        self._decoder: Decoder | None = _take_decoder()
         self._phrases: dict[str, str] = {}
-        self.set_phrases(phrases)
+        try:
+            self.set_phrases(phrases)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Give the decoder back for reuse; the recognizer is unusable after."""
+        with self._lock:
+            decoder, self._decoder = self._decoder, None
+        if decoder is not None:
+            with _idle_lock:
+                _idle_decoders.append(decoder)
 
     @property
     def phrases(self) -> list[str]:
@@ -102,20 +127,21 @@ class PhraseRecognizer:
         if not declared:
             raise ValueError("at least one phrase is needed")
         with self._lock:
+            decoder = self._live_decoder()
             unknown = sorted(
                 {
                     word
                     for words in declared
                     for word in words.split()
-                    if self._decoder.lookup_word(word) is None
+                    if decoder.lookup_word(word) is None
                 }
             )
             if unknown:
                 raise UnknownWordsError(
                     "not in the pronunciation dictionary: " + ", ".join(unknown)
                 )
-            self._decoder.add_jsgf_string(_SEARCH, _grammar(declared))
-            self._decoder.activate_search(_SEARCH)
+            decoder.add_jsgf_string(_SEARCH, _grammar(declared))
+            decoder.activate_search(_SEARCH)
             self._phrases = declared
 
     def recognize(self, pcm: bytes) -> Recognition:
@@ -124,7 +150,7 @@ class PhraseRecognizer:
         if not audio:
             return Recognition(text="", hypothesis="")
         with self._lock:
-            decoder = self._decoder
+            decoder = self._live_decoder()
             decoder.start_utt()
             decoder.process_raw(audio, full_utt=True)
             decoder.end_utt()
@@ -132,6 +158,11 @@ class PhraseRecognizer:
             phrases = self._phrases
         hypothesis = hyp.hypstr if hyp is not None else ""
         return Recognition(text=phrases.get(hypothesis, ""), hypothesis=hypothesis)
+
+    def _live_decoder(self) -> Decoder:
+        if self._decoder is None:
+            raise RuntimeError("the recognizer is closed")
+        return self._decoder
 
     def _with_noise(self, pcm: bytes) -> bytes:
         if not self._noise_amplitude:

@@ -303,6 +303,14 @@ class WyomingSttServer(_WyomingServer):
             self._recognizer = await asyncio.to_thread(PhraseRecognizer, self._phrases)
         await super().start()
 
+    async def stop(self) -> None:
+        """Stop listening, then release the decoder."""
+        await super().stop()
+        recognizer, self._recognizer = self._recognizer, None
+        if recognizer is not None:
+            # waits for a decode still running in a thread
+            await asyncio.to_thread(recognizer.close)
+
     def _info(self) -> Info:
         model = AsrModel(
             name=STT_MODEL,
