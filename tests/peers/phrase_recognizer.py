@@ -1,19 +1,23 @@
 """Recognition of known phrases: pocketsphinx constrained by a JSGF grammar.
 
 ``PhraseRecognizer(phrases)`` turns 16 kHz mono s16le PCM into one of the declared
-phrases, or ``""`` when the decoder did not reach the end of any of them. It is a
-recognition rig for the phrases a test declares, not general speech recognition:
-speech outside the grammar is usually rejected (``""``) but can be forced onto the
-closest declared phrase.
+phrases, or ``""`` when the decoder did not reach the end of any of them or its
+hypothesis score is below ``min_score``. It is a recognition rig for the phrases a
+test declares, not general speech recognition: speech outside the grammar is mostly
+rejected (``""``) but can be forced onto the closest declared phrase.
 
-Two things make espeak-ng clips recognisable (measured, see docs/development.md):
+Three things make espeak-ng clips recognisable (measured, see docs/development.md):
 
 - the grammar: pocketsphinx's default language model gets short commands wrong;
   a grammar of the declared phrases gets them right;
 - comfort noise: espeak-ng and ``speak()`` put *digital* silence (exact zeros)
   between and around words, which derails pocketsphinx's features (it then drops
   final words: "what time is it" → "what time"). A fixed, low-level noise floor
-  (±80 of 32767, about -52 dBFS) is added to the audio before decoding.
+  (±80 of 32767, about -52 dBFS) is added to the audio before decoding;
+- a floor on pocketsphinx's hypothesis score (0 … 1, higher is a better match):
+  declared phrases score ≥ 0.47 in the measured voices, out-of-grammar speech
+  forced onto a phrase mostly lower; 0.45 rejects about 40 % of those forced
+  matches and no declared phrase.
 
 Decoding blocks for ~10-30 ms per phrase: call ``recognize`` from a thread.
 """
@@ -29,6 +33,7 @@ import numpy as np
 from pocketsphinx import Config, Decoder
 
 __all__ = [
+    "MIN_SCORE",
     "NOISE_AMPLITUDE",
     "SAMPLE_RATE",
     "PhraseRecognizer",
@@ -39,6 +44,7 @@ __all__ = [
 
 SAMPLE_RATE = 16000
 NOISE_AMPLITUDE = 80  # uniform ±80 (int16): fills espeak-ng's digital silence
+MIN_SCORE = 0.45  # below: a forced match of out-of-grammar speech, rejected
 _NOISE_SEED = 0  # fixed: the same clip always decodes the same way
 _SEARCH = "phrases"
 _WORD = re.compile(r"[a-z0-9']+")
@@ -70,6 +76,9 @@ class Recognition:
     hypothesis: str
     """The decoder's raw best path (may be a phrase prefix when rejected)."""
 
+    score: float
+    """pocketsphinx's score of that path (0 … 1; 0 without a path)."""
+
 
 def normalize(phrase: str) -> str:
     """Return the phrase as grammar words: lower case, punctuation dropped."""
@@ -85,11 +94,16 @@ class PhraseRecognizer:
     """
 
     def __init__(
-        self, phrases: Iterable[str], *, noise_amplitude: int = NOISE_AMPLITUDE
+        self,
+        phrases: Iterable[str],
+        *,
+        noise_amplitude: int = NOISE_AMPLITUDE,
+        min_score: float = MIN_SCORE,
     ) -> None:
         """Load the model and build the grammar; raise on unusable phrases."""
         self._lock = threading.Lock()
         self._noise_amplitude = noise_amplitude
+        self._min_score = min_score
         self._decoder: Decoder | None = _take_decoder()
         self._phrases: dict[str, str] = {}
         try:
@@ -148,7 +162,7 @@ class PhraseRecognizer:
         """Decode one utterance of 16 kHz mono s16le PCM (blocking)."""
         audio = self._with_noise(pcm[: len(pcm) - len(pcm) % 2])
         if not audio:
-            return Recognition(text="", hypothesis="")
+            return Recognition(text="", hypothesis="", score=0.0)
         with self._lock:
             decoder = self._live_decoder()
             decoder.start_utt()
@@ -156,8 +170,10 @@ class PhraseRecognizer:
             decoder.end_utt()
             hyp = decoder.hyp()
             phrases = self._phrases
-        hypothesis = hyp.hypstr if hyp is not None else ""
-        return Recognition(text=phrases.get(hypothesis, ""), hypothesis=hypothesis)
+        if hyp is None:
+            return Recognition(text="", hypothesis="", score=0.0)
+        text = phrases.get(hyp.hypstr, "") if hyp.score >= self._min_score else ""
+        return Recognition(text=text, hypothesis=hyp.hypstr, score=hyp.score)
 
     def _live_decoder(self) -> Decoder:
         if self._decoder is None:

@@ -112,6 +112,8 @@ class SttRequest:
     """The answer: a declared phrase or ""."""
     hypothesis: str = ""
     """The decoder's raw best path."""
+    score: float = 0.0
+    """The decoder's score of that path (0 … 1)."""
 
     @property
     def duration(self) -> float:
@@ -377,13 +379,15 @@ class WyomingSttServer(_WyomingServer):
             chunks=utterance.chunks,
             transcript=result.text,
             hypothesis=result.hypothesis,
+            score=result.score,
         )
         await self._records.add(request)
         _LOGGER.info(
-            "STT %.2f s of audio -> %r (decoder: %r)",
+            "STT %.2f s of audio -> %r (decoder: %r, score %.2f)",
             request.duration,
             request.transcript,
             request.hypothesis,
+            request.score,
         )
         await async_write_event(Transcript(text=result.text).event(), writer)
 
