@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 import sys
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -96,8 +97,19 @@ async def send_utterance(
     await client.write_event(AudioStop().event())
 
 
+class Address(NamedTuple):
+    """Where a server listens."""
+
+    host: str
+    port: int
+
+
 async def transcribe(
-    server: WyomingSttServer, pcm: bytes, *, rate: int = 16000, channels: int = 1
+    server: WyomingSttServer | Address,
+    pcm: bytes,
+    *,
+    rate: int = 16000,
+    channels: int = 1,
 ) -> str:
     """Open a connection, send one utterance, return the transcript."""
     async with AsyncTcpClient(server.host, server.port) as client:
@@ -245,6 +257,16 @@ async def test_stt_rejects_words_outside_the_dictionary() -> None:
             pass
 
 
+async def test_stt_without_records(clips: dict[str, bytes]) -> None:
+    """record=False (the command line's servers) answers and keeps nothing."""
+    async with WyomingSttServer(PHRASES, record=False) as server:
+        assert await transcribe(server, clips["stop"]) == "stop"
+
+        assert server.requests == []
+        with pytest.raises(RuntimeError, match="does not record"):
+            await server.wait_for_request(1)
+
+
 async def test_stt_client_leaving_mid_utterance(
     stt: WyomingSttServer, clips: dict[str, bytes]
 ) -> None:
@@ -352,6 +374,9 @@ async def test_cli_serves_until_terminated(args: list[str], kind: str) -> None:
         host, port = line.rsplit("tcp://", 1)[1].strip().rsplit(":", 1)
         info = await describe(host, int(port))
         assert len(getattr(info, kind)) == 1
+        if kind == "asr":
+            address = Address(host, int(port))
+            assert await transcribe(address, await spoken("stop")) == "stop"
     finally:
         if process.returncode is None:
             process.terminate()

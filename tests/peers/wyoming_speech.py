@@ -142,18 +142,26 @@ class TtsRequest:
 
 
 class _Records[T]:
-    """Answered requests in order, awaitable by count."""
+    """Answered requests in order, awaitable by count.
 
-    def __init__(self) -> None:
+    ``keep=False`` (long-running command-line servers) stores nothing.
+    """
+
+    def __init__(self, *, keep: bool) -> None:
         self.items: list[T] = []
+        self._keep = keep
         self._changed = asyncio.Condition()
 
     async def add(self, item: T) -> None:
+        if not self._keep:
+            return
         async with self._changed:
             self.items.append(item)
             self._changed.notify_all()
 
     async def wait_for(self, count: int) -> T:
+        if not self._keep:
+            raise RuntimeError("this server does not record requests")
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.items) >= count)
             return self.items[count - 1]
@@ -269,13 +277,21 @@ class WyomingSttServer(_WyomingServer):
     """Wyoming speech-to-text for declared phrases (pocketsphinx + JSGF grammar)."""
 
     def __init__(
-        self, phrases: Iterable[str], *, host: str = "127.0.0.1", port: int = 0
+        self,
+        phrases: Iterable[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        record: bool = True,
     ) -> None:
-        """Prepare a server for these phrases (the model loads in ``start``)."""
+        """Prepare a server for these phrases (the model loads in ``start``).
+
+        ``record=False`` keeps no requests (for servers that run for hours).
+        """
         super().__init__(host=host, port=port)
         self._phrases = list(phrases)
         self._recognizer: PhraseRecognizer | None = None
-        self._records: _Records[SttRequest] = _Records()
+        self._records: _Records[SttRequest] = _Records(keep=record)
         self._connection_state: dict[asyncio.StreamWriter, _Utterance] = {}
 
     @property
@@ -402,14 +418,18 @@ class WyomingTtsServer(_WyomingServer):
         rate: int = 160,
         host: str = "127.0.0.1",
         port: int = 0,
+        record: bool = True,
     ) -> None:
-        """Serve these espeak-ng voices (the first is the default) at ``rate`` wpm."""
+        """Serve these espeak-ng voices (the first is the default) at ``rate`` wpm.
+
+        ``record=False`` keeps no requests (for servers that run for hours).
+        """
         super().__init__(host=host, port=port)
         if not voices:
             raise ValueError("at least one voice is needed")
         self.voices = list(voices)
         self.rate = rate
-        self._records: _Records[TtsRequest] = _Records()
+        self._records: _Records[TtsRequest] = _Records(keep=record)
 
     @property
     def requests(self) -> list[TtsRequest]:
@@ -570,12 +590,12 @@ async def _run(args: argparse.Namespace) -> None:
         if args.phrases_file is not None:
             lines = args.phrases_file.read_text(encoding="utf-8").splitlines()
             phrases += [line.strip() for line in lines if line.strip()]
-        server = WyomingSttServer(phrases, host=args.host, port=args.port)
+        server = WyomingSttServer(phrases, host=args.host, port=args.port, record=False)
         what = f"STT (pocketsphinx, {len(phrases)} phrases)"
     else:
         voices = args.voice or list(DEFAULT_TTS_VOICES)
         server = WyomingTtsServer(
-            voices=voices, rate=args.rate, host=args.host, port=args.port
+            voices=voices, rate=args.rate, host=args.host, port=args.port, record=False
         )
         what = f"TTS (espeak-ng: {', '.join(voices)})"
     stopping = asyncio.Event()
