@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Iterable, Sequence
-import contextlib
 from dataclasses import dataclass, field
 from importlib.metadata import version
 import io
@@ -49,24 +48,15 @@ from pathlib import Path
 import shutil
 import signal
 import struct
-from types import TracebackType
-from typing import Self
 
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
-from wyoming.event import Event, async_read_event, async_write_event
-from wyoming.info import (
-    AsrModel,
-    AsrProgram,
-    Attribution,
-    Describe,
-    Info,
-    TtsProgram,
-    TtsVoice,
-)
+from wyoming.event import Event, async_write_event
+from wyoming.info import AsrModel, AsrProgram, Attribution, Info, TtsProgram, TtsVoice
 from wyoming.tts import Synthesize
 
 from tests.peers.phrase_recognizer import SAMPLE_RATE, PhraseRecognizer, Recognition
+from tests.peers.wyoming_server import Records, WyomingServer
 
 __all__ = [
     "DEFAULT_TTS_VOICES",
@@ -141,122 +131,6 @@ class TtsRequest:
         return len(self.audio) / (self.rate * _SAMPLE_WIDTH) if self.rate else 0.0
 
 
-class _Records[T]:
-    """Answered requests in order, awaitable by count.
-
-    ``keep=False`` (long-running command-line servers) stores nothing.
-    """
-
-    def __init__(self, *, keep: bool) -> None:
-        self.items: list[T] = []
-        self._keep = keep
-        self._changed = asyncio.Condition()
-
-    async def add(self, item: T) -> None:
-        if not self._keep:
-            return
-        async with self._changed:
-            self.items.append(item)
-            self._changed.notify_all()
-
-    async def wait_for(self, count: int) -> T:
-        if not self._keep:
-            raise RuntimeError("this server does not record requests")
-        async with self._changed:
-            await self._changed.wait_for(lambda: len(self.items) >= count)
-            return self.items[count - 1]
-
-
-class _WyomingServer:
-    """A loopback TCP server that reads Wyoming events per connection."""
-
-    def __init__(self, *, host: str, port: int) -> None:
-        self.host = host
-        self._port = port
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-
-    @property
-    def port(self) -> int:
-        """The bound port (the requested one, or the free one picked for port 0)."""
-        if self._server is None:
-            return self._port
-        return int(self._server.sockets[0].getsockname()[1])
-
-    @property
-    def uri(self) -> str:
-        """``tcp://host:port``, as Wyoming tools spell a server."""
-        return f"tcp://{self.host}:{self.port}"
-
-    async def start(self) -> None:
-        """Start listening."""
-        if self._server is None:
-            self._server = await asyncio.start_server(
-                self._connected, self.host, self._port
-            )
-
-    async def stop(self) -> None:
-        """Stop listening and end every open connection."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        tasks = list(self._connections)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await server.wait_closed()
-
-    async def __aenter__(self) -> Self:
-        """Start the server."""
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Stop the server."""
-        await self.stop()
-
-    async def _connected(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        try:
-            await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away; nothing to answer
-        except Exception:
-            # A bug or a failed espeak-ng: the client sees the connection close
-            # (as with a crashed add-on); the test sees the log.
-            _LOGGER.exception("%s connection failed", type(self).__name__)
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        while (event := await async_read_event(reader)) is not None:
-            if Describe.is_type(event.type):
-                await async_write_event(self._info().event(), writer)
-            else:
-                await self._handle(event, writer)
-
-    def _info(self) -> Info:
-        raise NotImplementedError
-
-    async def _handle(self, event: Event, writer: asyncio.StreamWriter) -> None:
-        raise NotImplementedError
-
-
 @dataclass(slots=True)
 class _Utterance:
     """Audio of one ``transcribe``/``audio-*`` sequence on a connection."""
@@ -273,7 +147,7 @@ class _Utterance:
     chunks: int = 0
 
 
-class WyomingSttServer(_WyomingServer):
+class WyomingSttServer(WyomingServer):
     """Wyoming speech-to-text for declared phrases (pocketsphinx + JSGF grammar)."""
 
     def __init__(
@@ -291,7 +165,7 @@ class WyomingSttServer(_WyomingServer):
         super().__init__(host=host, port=port)
         self._phrases = list(phrases)
         self._recognizer: PhraseRecognizer | None = None
-        self._records: _Records[SttRequest] = _Records(keep=record)
+        self._records: Records[SttRequest] = Records(keep=record)
         self._connection_state: dict[asyncio.StreamWriter, _Utterance] = {}
 
     @property
@@ -408,7 +282,7 @@ class WyomingSttServer(_WyomingServer):
         await async_write_event(Transcript(text=result.text).event(), writer)
 
 
-class WyomingTtsServer(_WyomingServer):
+class WyomingTtsServer(WyomingServer):
     """Wyoming text-to-speech backed by espeak-ng."""
 
     def __init__(
@@ -429,7 +303,7 @@ class WyomingTtsServer(_WyomingServer):
             raise ValueError("at least one voice is needed")
         self.voices = list(voices)
         self.rate = rate
-        self._records: _Records[TtsRequest] = _Records(keep=record)
+        self._records: Records[TtsRequest] = Records(keep=record)
 
     @property
     def requests(self) -> list[TtsRequest]:
@@ -584,7 +458,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    server: _WyomingServer
+    server: WyomingServer
     if args.server == "stt":
         phrases = list(args.phrase)
         if args.phrases_file is not None:
