@@ -112,7 +112,8 @@ class WyomingServer:
         assert task is not None
         self._connections.add(task)
         try:
-            await self._serve(reader, writer)
+            if self._server is not None:  # else accepted while stopping: close it
+                await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away; nothing to answer
         except Exception:

@@ -25,7 +25,7 @@ names, language ``en``); ``synthesize`` → ``audio-start``, ``audio-chunk``s of
 22.05 kHz 16-bit mono, ``audio-stop``. espeak-ng runs as a subprocess (killed when
 the request is abandoned). An unknown voice name falls back to the default voice.
 
-Every answered request is recorded (``stt.requests``, ``tts.requests``) before the
+Every request is recorded (``stt.requests``, ``tts.requests``) just before its
 answer is sent, and ``wait_for_request(n)`` awaits the n-th one.
 
 From a shell (next to a running Home Assistant; add them in Settings → Devices &
@@ -61,6 +61,8 @@ from tests.peers.wyoming_server import Records, WyomingServer
 __all__ = [
     "DEFAULT_TTS_VOICES",
     "STT_MODEL",
+    "STT_PROGRAM",
+    "TTS_PROGRAM",
     "SttRequest",
     "TtsRequest",
     "WyomingSttServer",
@@ -179,7 +181,7 @@ class WyomingSttServer(WyomingServer):
         return self._records.items
 
     async def wait_for_request(self, count: int = 1) -> SttRequest:
-        """Return the ``count``-th answered utterance once it was answered."""
+        """Return the ``count``-th utterance once decoded (just before its answer)."""
         return await self._records.wait_for(count)
 
     async def set_phrases(self, phrases: Iterable[str]) -> None:
@@ -193,7 +195,11 @@ class WyomingSttServer(WyomingServer):
         """Load the model and grammar (in a thread), then listen."""
         if self._recognizer is None:
             self._recognizer = await asyncio.to_thread(PhraseRecognizer, self._phrases)
-        await super().start()
+        try:
+            await super().start()
+        except BaseException:  # e.g. the port is taken: give the decoder back
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         """Stop listening, then release the decoder."""
@@ -311,7 +317,7 @@ class WyomingTtsServer(WyomingServer):
         return self._records.items
 
     async def wait_for_request(self, count: int = 1) -> TtsRequest:
-        """Return the ``count``-th answered request once its audio was sent."""
+        """Return the ``count``-th request once synthesized (just before its audio)."""
         return await self._records.wait_for(count)
 
     async def start(self) -> None:
