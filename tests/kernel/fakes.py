@@ -517,6 +517,7 @@ class Rig:
         self.channels = ChannelRegistry()
         self.outputs: dict[str, OutputRecorder] = {}
         self.closed: list[tuple[str, int, int]] = []
+        self.closed_notifier = Notifier()
         self.asked: list[tuple[str, str]] = []
         self.asked_notifier = Notifier()
         self._ask_hook = ask_parent_hook
@@ -534,6 +535,7 @@ class Rig:
 
     def _on_closed(self, child_id: str, messages: int, chars: int) -> None:
         self.closed.append((child_id, messages, chars))
+        self.closed_notifier.notify()
 
     def _on_ask_parent(self, child_id: str, text: str) -> None:
         self.asked.append((child_id, text))

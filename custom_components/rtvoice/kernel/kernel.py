@@ -188,12 +188,18 @@ class _Child:
         self.failed_rounds = 0
         self.tool_calls = 0
         self.first_delta_ms: float | None = None
+        self.teardown: asyncio.Task[int] | None = None  # the one stop/close
+        self.close_requested = False
 
     def commit(self, *messages: Message) -> None:
         """Append to the history (never trimmed in place) and count its tokens."""
         self.history.extend(messages)
         for message in messages:
             self.history_tokens += message_tokens(message)
+
+
+def _stopped() -> Outcome:
+    return Outcome("interrupted", error="stopped")
 
 
 def _settle(future: asyncio.Future[Outcome] | None, outcome: Outcome) -> None:
@@ -241,6 +247,7 @@ class Kernel:
         self._archive_limit = archive_limit
         self._children: dict[str, _Child] = {}
         self._archive: OrderedDict[str, list[Message]] = OrderedDict()
+        self._teardowns: set[asyncio.Task[int]] = set()
 
     # ── lifecycle ──────────────────────────────────────────────────────────
 
@@ -342,42 +349,75 @@ class Kernel:
             rnd.task.cancel()
 
     async def stop(self, child_id: str) -> None:
-        """Stop a child; a running tool gets a bounded time to finish first."""
-        child = self._children.get(child_id)
-        if child is None:
-            raise KernelError(self._unknown_message(child_id))
-        await self._stop_child(child)
+        """Stop a child; a running tool gets a bounded time to finish first.
+
+        The teardown runs in a task of its own, shielded from the caller: a caller
+        cancelled while it waits stops waiting, the teardown still completes.
+        """
+        await asyncio.shield(self._teardown(self._known(child_id), close=False))
 
     async def close(self, child_id: str) -> int:
-        """Stop a child and hand its transcript off; returns its message count."""
-        child = self._children.get(child_id)
-        if child is None:
-            raise KernelError(self._unknown_message(child_id))
-        await self._stop_child(child)
-        return self._hand_off(child)
+        """Stop a child and hand its transcript off; returns its message count.
+
+        Every stop and close of one child awaits the same shielded teardown: a close
+        that arrives while a stop's teardown runs makes it hand off at its end, two
+        closes return the same count and ``on_closed`` fires once.
+        """
+        return await asyncio.shield(self._teardown(self._known(child_id), close=True))
 
     async def stop_all(self) -> int:
         """Stop every child; returns how many were stopped."""
-        children = list(self._children.values())
-        await asyncio.gather(*(self._stop_child(c) for c in children))
-        return len(children)
+        return await self._teardown_all(close=False)
 
     async def close_all(self) -> int:
         """Close every child with hand-off; returns how many were closed."""
-        children = list(self._children.values())
-        await asyncio.gather(*(self._stop_child(c) for c in children))
-        for child in children:
-            self._hand_off(child)
-        return len(children)
+        return await self._teardown_all(close=True)
+
+    async def _teardown_all(self, *, close: bool) -> int:
+        teardowns = [self._teardown(c, close=close) for c in self._children.values()]
+        await asyncio.gather(*(asyncio.shield(t) for t in teardowns))
+        return len(teardowns)
+
+    def _known(self, child_id: str) -> _Child:
+        child = self._children.get(child_id)
+        if child is None:
+            raise KernelError(self._unknown_message(child_id))
+        return child
+
+    def _teardown(self, child: _Child, *, close: bool) -> asyncio.Task[int]:
+        """Return the one teardown task of a child, starting it on first use."""
+        if close:
+            child.close_requested = True  # read at the teardown's end: upgrades a stop
+        if child.teardown is None:
+            # Stopped from this very moment: no new input, no new tool call, and the
+            # input waiting in the slot never runs.
+            child.stopped = True
+            pending = child.slot.take()
+            if pending is not None:
+                _settle(child.tickets.pop(pending.seq, None), _stopped())
+            task = child.loop.create_task(
+                self._run_teardown(child),
+                name=f"rtvoice teardown {child.options.id}",
+                context=Context(),
+            )
+            # Strong references until it ends: no caller may be left to hold it.
+            self._teardowns.add(task)
+            task.add_done_callback(self._teardowns.discard)
+            child.teardown = task
+        return child.teardown
+
+    async def _run_teardown(self, child: _Child) -> int:
+        try:
+            await self._stop_child(child)
+        except Exception:
+            # Never expected; a teardown nobody awaits any more must still log it.
+            _LOGGER.exception("Stopping realtime child %s failed", child.options.id)
+            self._children.pop(child.options.id, None)
+        # No await between leaving the children and this check: every close that
+        # found the child live has set close_requested by now.
+        return self._hand_off(child) if child.close_requested else 0
 
     async def _stop_child(self, child: _Child) -> None:
-        if child.stopped:
-            return
-        child.stopped = True
-        stopped = Outcome("interrupted", error="stopped")
-        pending = child.slot.take()
-        if pending is not None:
-            _settle(child.tickets.pop(pending.seq, None), stopped)
         rnd = child.round
         if rnd is not None and rnd.task is not None:
             if child.critical > 0:
@@ -399,7 +439,7 @@ class Kernel:
             await asyncio.wait((child.loop_task,))
             child.loop_task = None  # break the child <-> loop task cycle
         for future in child.tickets.values():
-            _settle(future, stopped)
+            _settle(future, _stopped())
         child.tickets.clear()
         self._children.pop(child.options.id, None)
         self.channels.report_dangling(child.options.id)
@@ -488,9 +528,10 @@ class Kernel:
             raise KernelError(self._unknown_message(child_id))
         return child
 
-    def _unknown_message(self, child_id: str) -> str:
-        known = ", ".join(sorted({*self._children, *self._archive})) or "none"
-        return f"no realtime child {child_id!r} (known: {known})"
+    @staticmethod
+    def _unknown_message(child_id: str) -> str:
+        # Never list the other ids: they are other people's conversations.
+        return f"no realtime child {child_id!r}"
 
     # ── the loop and rounds ────────────────────────────────────────────────
 
