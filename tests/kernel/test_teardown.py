@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 
 import pytest
 
-from custom_components.rtvoice.kernel import KernelError
+from custom_components.rtvoice.kernel import (
+    ChannelDef,
+    ChannelRegistry,
+    ChildOptions,
+    Kernel,
+    KernelError,
+    drop_unpaired_tool_calls,
+)
 from tests.kernel.fakes import (
+    OutputRecorder,
     Rig,
     ScriptedProvider,
     ScriptedToolRunner,
@@ -184,3 +194,71 @@ async def test_stop_of_a_stopped_child_is_unknown() -> None:
             await rig.kernel.stop("c1")
         with pytest.raises(KernelError):
             await rig.kernel.close("c1")
+
+
+# ------------------------------------------------------- a stop inside a tool group
+
+
+async def test_stop_during_a_tool_group_never_starts_the_next_call() -> None:
+    """Stop during call 1 of 3: call 1 completes, the rest are answered "not run".
+
+    (A close is a stop plus hand-off; it keeps the transcript readable here.)
+    """
+    gate = asyncio.Event()
+    tools = ScriptedToolRunner(
+        {
+            "light": ToolBehaviour(result="light on", gate=gate),
+            "lock": ToolBehaviour(result="door locked"),
+        }
+    )
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "light"), call("t2", "lock"), call("t3", "lock"))]
+    )
+    async with Rig(provider, tools) as rig:
+        await rig.spawn("c1")
+        ticket = rig.kernel.push("c1", "light on and lock up")
+        first = await tools.wait_calls(1)
+        closer = asyncio.create_task(rig.kernel.close("c1"))
+        await yield_many()
+        gate.set()
+        assert await wait(closer) == 5
+        assert not first.cancelled and first.result == "light on"
+        assert [r.call.id for r in tools.records] == ["t1"]  # t2, t3 never started
+        assert (await outcome(ticket)).error == "stopped"
+        transcript = rig.kernel.transcript("c1")
+        assert transcript is not None
+        assert [(m.role, m.tool_call_id) for m in transcript] == [
+            ("user", None),
+            ("assistant", None),
+            ("tool", "t1"),
+            ("tool", "t2"),
+            ("tool", "t3"),
+        ]
+        assert transcript[2].content == "light on"
+        for result in transcript[3:]:
+            assert json.loads(result.content) == {
+                "error": "not run: conversation stopped"
+            }
+        assert drop_unpaired_tool_calls(transcript) is transcript
+
+
+async def test_stop_deadline_is_logged_and_then_cancels_the_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A call still running at the stop deadline is logged, then cancelled."""
+    never = asyncio.Event()
+    tools = ScriptedToolRunner({"stuck": ToolBehaviour(gate=never)})
+    provider = ScriptedProvider([Tools.of(call("s1", "stuck"))])
+    channels = ChannelRegistry()
+    channels.register_input("c-in", ChannelDef(realtime=True))
+    channels.register_output(
+        "c-out", OutputRecorder().sync_handler, definition=ChannelDef(realtime=True)
+    )
+    kernel = Kernel(provider, channels, tools=tools, stop_tool_timeout=0.01)
+    await kernel.spawn(ChildOptions("c", "c-in", "c-out"))
+    kernel.push("c", "go")
+    stuck = await tools.wait_calls(1)
+    with caplog.at_level(logging.WARNING):
+        await wait(kernel.stop("c"))
+    assert stuck.cancelled
+    assert "tool still running" in caplog.text

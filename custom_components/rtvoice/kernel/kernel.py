@@ -63,6 +63,7 @@ def current_child_id() -> str | None:
 
 
 STOP_TOOL_TIMEOUT = 10.0
+NOT_RUN_STOPPED = json.dumps({"error": "not run: conversation stopped"})
 ARCHIVE_LIMIT = 64
 
 
@@ -175,8 +176,6 @@ class _Child:
         self.round: _Round | None = None
         self.loop_task: asyncio.Task[None] | None = None
         self.critical = 0
-        self.tool_idle = asyncio.Event()
-        self.tool_idle.set()
         self.stopped = False
         self.state = ChildState.IDLE
         self.rounds = 0
@@ -419,20 +418,22 @@ class Kernel:
 
     async def _stop_child(self, child: _Child) -> None:
         rnd = child.round
-        if rnd is not None and rnd.task is not None:
+        task = rnd.task if rnd is not None else None
+        if rnd is not None and task is not None:
             if child.critical > 0:
-                try:
-                    await asyncio.wait_for(
-                        child.tool_idle.wait(), self._stop_tool_timeout
-                    )
-                except TimeoutError:
+                # A started tool call is never cut: the round answers the calls of
+                # its group not yet started with "not run" and ends at its next
+                # check. Only the deadline cancels a call that is still running.
+                done, _ = await asyncio.wait((task,), timeout=self._stop_tool_timeout)
+                if not done:
                     _LOGGER.warning(
-                        "Child %s: tool still running after %.0f s, cancelling it",
+                        "Child %s: tool still running %.0f s after the stop,"
+                        " cancelling it",
                         child.options.id,
                         self._stop_tool_timeout,
                     )
-            rnd.task.cancel()
-            await asyncio.wait((rnd.task,))
+            task.cancel()
+            await asyncio.wait((task,))
             self._settle_unstarted(child, rnd)
         if child.loop_task is not None:
             child.loop_task.cancel()
@@ -688,6 +689,8 @@ class Kernel:
         for call in calls:
             if limit_reached:
                 result = json.dumps({"error": "tool turn limit reached; not run"})
+            elif child.stopped:  # a stop began during the group: start nothing new
+                result = NOT_RUN_STOPPED
             else:
                 result = await self._call_tool(child, call)
             results.append(Message("tool", result, tool_call_id=call.id))
@@ -704,7 +707,6 @@ class Kernel:
         if self.tools is None:
             return json.dumps({"error": f"unknown tool {call.name!r}"})
         child.critical += 1
-        child.tool_idle.clear()
         self._set_state(child, ChildState.TOOL)
         try:
             result: Any = await self.tools.call(call)
@@ -721,8 +723,6 @@ class Kernel:
             )
         finally:
             child.critical -= 1
-            if child.critical == 0:
-                child.tool_idle.set()
         text = result if isinstance(result, str) else json.dumps(result, default=str)
         self._set_state(child, ChildState.THINKING)
         return text
