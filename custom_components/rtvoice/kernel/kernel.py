@@ -87,6 +87,9 @@ class ChildOptions:
     max_tool_turns: int = 0  # 0 = unlimited: a call is an ongoing dialogue
     context_window: int = 8000
     prompt_scope: str | None = None
+    # An input superseded before it reached the model is put in front of the next
+    # input that does (joined with a space), so nothing the user said is lost.
+    carry_over: bool = False
 
 
 class Ticket:
@@ -189,6 +192,7 @@ class _Child:
         self.first_delta_ms: float | None = None
         self.teardown: asyncio.Task[int] | None = None  # the one stop/close
         self.close_requested = False
+        self.carry: list[tuple[int, str]] = []  # superseded inputs to carry over
 
     def commit(self, *messages: Message) -> None:
         """Append to the history (never trimmed in place) and count its tokens."""
@@ -305,7 +309,8 @@ class Kernel:
         future: asyncio.Future[Outcome] = child.loop.create_future()
         child.tickets[seq] = future
         if voided is not None:
-            _settle(child.tickets.pop(voided.seq, None), Outcome("superseded"))
+            voided_future = child.tickets.pop(voided.seq, None)
+            self._supersede(child, voided, voided_future, carried_into=seq)
         self._cut_round(child)
         return Ticket(seq, future)
 
@@ -330,13 +335,33 @@ class Kernel:
         child = self._live(child_id)
         voided = child.slot.withdraw(seq)
         if voided is not None:
-            _settle(child.tickets.pop(seq, None), Outcome("superseded"))
+            future = child.tickets.pop(seq, None)
+            self._supersede(child, voided, future, carried_into=None)
             return True
         rnd = child.round
         if rnd is not None and rnd.seq == seq and not rnd.finished:
             rnd.withdrawn = not rnd.model_called  # not yet at the model: superseded
             return self.interrupt(child_id)
         return False
+
+    @staticmethod
+    def _supersede(
+        child: _Child,
+        given: PendingInput | _Round,
+        future: asyncio.Future[Outcome] | None,
+        *,
+        carried_into: int | None,
+    ) -> None:
+        """Settle an input that never reached the model; keep it to carry over.
+
+        ``carried_into`` is the newest input at this moment: it carries this one,
+        or, superseded in turn, carries both on to the next.
+        """
+        if child.options.carry_over:
+            child.carry.append((given.seq, given.text))
+        else:
+            carried_into = None
+        _settle(future, Outcome("superseded", carried_into=carried_into))
 
     def _cut_round(self, child: _Child) -> None:
         rnd = child.round
@@ -588,7 +613,7 @@ class Kernel:
                 return
             if not rnd.model_called:
                 rnd.model_called = True
-                child.commit(Message("user", rnd.text))
+                self._commit_input(child, rnd)
             limit_reached = 0 < max_turns <= turns
             text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
             if not calls:
@@ -755,13 +780,29 @@ class Kernel:
                 return
             child.slot.dropped += 1
             child.superseded_rounds += 1
-            _settle(rnd.future, Outcome("superseded"))
+            newest = child.slot.seq
+            self._supersede(
+                child,
+                rnd,
+                rnd.future,
+                carried_into=newest if newest > rnd.seq else None,
+            )
             return
         if not rnd.model_called:
-            child.commit(Message("user", rnd.text))
+            self._commit_input(child, rnd)
         self._commit_partial(child, rnd)
         child.interrupted_rounds += 1
         _settle(rnd.future, Outcome("interrupted", "".join(rnd.emitted), error))
+
+    def _commit_input(self, child: _Child, rnd: _Round) -> None:
+        """Commit the round's input, after the inputs it carries over (seq order)."""
+        text = rnd.text
+        if child.carry:
+            carried = sorted(c for c in child.carry if c[0] < rnd.seq)
+            child.carry = [c for c in child.carry if c[0] > rnd.seq]
+            if carried:
+                text = " ".join([*(t for _, t in carried), text])
+        child.commit(Message("user", text))
 
     def _commit_partial(self, child: _Child, rnd: _Round) -> None:
         """Commit what a cut round really did: finished tools and emitted text."""
@@ -782,7 +823,7 @@ class Kernel:
     def _end_failed(self, child: _Child, rnd: _Round, err: Exception) -> None:
         rnd.finished = True
         if not rnd.model_called:
-            child.commit(Message("user", rnd.text))
+            self._commit_input(child, rnd)
         self._commit_partial(child, rnd)
         child.failed_rounds += 1
         error_type = type(err).__name__
