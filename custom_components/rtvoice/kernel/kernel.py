@@ -27,7 +27,15 @@ from .errors import AgentNotRealtimeError, KernelError
 from .prompts import PromptRegistry
 from .slot import LatestSlot, PendingInput
 from .transcript import DEFAULT_PAGE_LIMIT, format_transcript, transcript_page
-from .types import ChatProvider, Message, Outcome, ToolCall, ToolRunner, ToolSpec
+from .types import (
+    ChatProvider,
+    Message,
+    Outcome,
+    OutcomeStatus,
+    ToolCall,
+    ToolRunner,
+    ToolSpec,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -76,6 +84,9 @@ class ChildState(enum.StrEnum):
     TOOL = "tool"
 
 
+Delivery = Literal["emitted", "acknowledged"]
+
+
 @dataclass
 class ChildOptions:
     """How to spawn a realtime child."""
@@ -87,6 +98,10 @@ class ChildOptions:
     max_tool_turns: int = 0  # 0 = unlimited: a call is an ongoing dialogue
     context_window: int = 8000
     prompt_scope: str | None = None
+    # "emitted": every delta handed to the output handler counts as delivered (a
+    # text caller displays it). "acknowledged": only what the output side reports
+    # through Kernel.acknowledge counts (DESIGN 4.4).
+    delivery: Delivery = "emitted"
     # An input superseded before it reached the model is put in front of the next
     # input that does (joined with a space), so nothing the user said is lost.
     carry_over: bool = False
@@ -131,15 +146,24 @@ class _Round:
     """One round: the input it answers and what it has done so far."""
 
     __slots__ = (
+        "call_start",
+        "delivered",
+        "delivery_final",
         "emitted",
+        "emitted_len",
         "finished",
         "first_delta",
         "future",
         "group",
+        "history_len",
         "interrupt_requested",
         "model_called",
         "pushed_at",
+        "replied",
         "seq",
+        "status",
+        "tail_index",
+        "tail_start",
         "task",
         "text",
         "turn_text",
@@ -158,11 +182,21 @@ class _Round:
         self.interrupt_requested = False
         self.withdrawn = False  # its caller took the input back (see Kernel.withdraw)
         self.emitted: list[str] = []  # every delta of the round
+        self.emitted_len = 0  # characters emitted in the round, all model calls
         self.turn_text: list[str] = []  # deltas of the current model call
+        self.call_start = 0  # where the current model call's text starts (chars)
+        self.delivered = 0  # characters the output side acknowledged
+        self.delivery_final = False  # nothing more of this round will be delivered
         self.first_delta = True
         self.finished = False  # its outcome has been settled
         # The tool group being executed: (assistant text, calls, finished results).
         self.group: tuple[str, list[ToolCall], list[Message]] | None = None
+        # Set when the round ends (for acknowledge and record_reply afterwards):
+        self.status: OutcomeStatus | None = None
+        self.history_len = 0  # history length right after its commits
+        self.tail_start: int | None = None  # its last text-only model call (chars)
+        self.tail_index: int | None = None  # that call's message in the history
+        self.replied = False  # record_reply was used
 
 
 class _Child:
@@ -193,11 +227,21 @@ class _Child:
         self.teardown: asyncio.Task[int] | None = None  # the one stop/close
         self.close_requested = False
         self.carry: list[tuple[int, str]] = []  # superseded inputs to carry over
+        self.last: _Round | None = None  # the most recent round that reached history
 
     def commit(self, *messages: Message) -> None:
         """Append to the history (never trimmed in place) and count its tokens."""
         self.history.extend(messages)
         for message in messages:
+            self.history_tokens += message_tokens(message)
+
+    def amend(self, index: int, message: Message | None) -> None:
+        """Replace (or with None remove) one message: what the user heard changed."""
+        self.history_tokens -= message_tokens(self.history[index])
+        if message is None:
+            del self.history[index]
+        else:
+            self.history[index] = message
             self.history_tokens += message_tokens(message)
 
 
@@ -343,6 +387,75 @@ class Kernel:
             rnd.withdrawn = not rnd.model_called  # not yet at the model: superseded
             return self.interrupt(child_id)
         return False
+
+    def acknowledge(
+        self, child_id: str, seq: int, chars: int, *, final: bool = False
+    ) -> None:
+        """Report that the first ``chars`` characters of round ``seq`` reached the user.
+
+        Counts the round's emitted text: every delta of the round concatenated,
+        across its model calls. Only for children spawned with
+        ``delivery="acknowledged"`` (otherwise every emitted delta counts and this
+        does nothing). Cumulative and monotonic (a smaller count changes nothing),
+        idempotent; an unknown child or seq is ignored, so an output side may
+        report after the round or the child ended. ``final=True``: nothing more of
+        this round will be delivered (playback was cut); later reports are ignored.
+
+        A cut round commits only the delivered part of its cut model call; a report
+        arriving after the commit still corrects it. A completed round commits its
+        whole answer; a final report of less than that (playback cut after the
+        model finished) truncates the answer to what was heard and marks it
+        interrupted. Either correction applies only while the round is the
+        child's most recent one and nothing was committed after it: a later round
+        has already built on it otherwise.
+        """
+        child = self._children.get(child_id)
+        if child is None or child.options.delivery != "acknowledged":
+            return
+        rnd = child.round
+        if rnd is None or rnd.seq != seq:
+            rnd = child.last
+            if rnd is None or rnd.seq != seq:
+                return
+        if rnd.delivery_final:
+            return
+        rnd.delivered = max(rnd.delivered, min(chars, rnd.emitted_len))
+        rnd.delivery_final = final
+        if rnd.status is not None:
+            self._amend(child, rnd)
+
+    def _amend(self, child: _Child, rnd: _Round) -> None:
+        """Make an ended round's last text say what the user heard (see acknowledge)."""
+        if (
+            child.last is not rnd
+            or rnd.tail_start is None
+            or len(child.history) != rnd.history_len
+        ):
+            return
+        heard = min(rnd.delivered, rnd.emitted_len)
+        if rnd.status == "completed" and (
+            not rnd.delivery_final or heard >= rnd.emitted_len
+        ):
+            return  # a completed round was heard in full until told otherwise
+        text = (
+            "".join(rnd.emitted)[rnd.tail_start : heard]
+            if heard > rnd.tail_start
+            else ""
+        )
+        index = rnd.tail_index
+        current = child.history[index] if index is not None else None
+        if current is not None and current.interrupted and current.content == text:
+            return
+        message = Message("assistant", text, interrupted=True) if text else None
+        if index is None:
+            if message is not None:
+                child.commit(message)
+                rnd.tail_index = len(child.history) - 1
+        else:
+            child.amend(index, message)
+            if message is None:
+                rnd.tail_index = None
+        rnd.history_len = len(child.history)
 
     @staticmethod
     def _supersede(
@@ -617,9 +730,10 @@ class Kernel:
             limit_reached = 0 < max_turns <= turns
             text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
             if not calls:
+                rnd.tail_start = rnd.call_start
                 if text:
                     child.commit(Message("assistant", text))
-                rnd.turn_text = []
+                    rnd.tail_index = len(child.history) - 1
                 self._end_completed(child, rnd)
                 return
             turns += 1
@@ -629,9 +743,17 @@ class Kernel:
                 return
 
     def _end_completed(self, child: _Child, rnd: _Round) -> None:
-        rnd.finished = True
+        self._finish(child, rnd, "completed")
         child.completed_rounds += 1
         _settle(rnd.future, Outcome("completed", "".join(rnd.emitted)))
+
+    @staticmethod
+    def _finish(child: _Child, rnd: _Round, status: OutcomeStatus) -> None:
+        """Mark a round that reached the history as ended and the newest one."""
+        rnd.finished = True
+        rnd.status = status
+        rnd.history_len = len(child.history)
+        child.last = rnd
 
     def _specs(self) -> list[ToolSpec]:
         specs = list(self.tools.specs()) if self.tools is not None else []
@@ -665,6 +787,7 @@ class Kernel:
         messages = self._request_messages(child)
         calls: list[ToolCall] = []
         rnd.turn_text = []
+        rnd.call_start = rnd.emitted_len
         self._set_state(child, ChildState.THINKING)
         stream = self.provider.stream(messages, tools)
         try:
@@ -678,6 +801,7 @@ class Kernel:
                         self._set_state(child, ChildState.SPEAKING)
                     rnd.turn_text.append(delta.content)
                     rnd.emitted.append(delta.content)
+                    rnd.emitted_len += len(delta.content)
                     if handler is not None:
                         await self._emit(child, handler, delta.content)
                 if delta.tool_calls:
@@ -719,9 +843,12 @@ class Kernel:
             else:
                 result = await self._call_tool(child, call)
             results.append(Message("tool", result, tool_call_id=call.id))
-        child.commit(Message("assistant", text, tool_calls=calls), *results)
+        child.commit(
+            Message("assistant", self._heard_call_text(child, rnd), tool_calls=calls),
+            *results,
+        )
         rnd.group = None
-        rnd.turn_text = []
+        self._call_consumed(rnd)
 
     async def _call_tool(self, child: _Child, call: ToolCall) -> str:
         child.tool_calls += 1
@@ -771,13 +898,14 @@ class Kernel:
 
     def _end_cut(self, child: _Child, rnd: _Round) -> None:
         """Settle a round ended by a newer input, interrupt() or stop."""
-        rnd.finished = True
         error = "stopped" if child.stopped else None
         if not rnd.model_called and (rnd.withdrawn or not rnd.interrupt_requested):
             # The input never reached the model: superseded, nothing committed.
             if child.stopped:
+                rnd.finished = True
                 _settle(rnd.future, Outcome("interrupted", error=error))
                 return
+            rnd.finished = True
             child.slot.dropped += 1
             child.superseded_rounds += 1
             newest = child.slot.seq
@@ -791,8 +919,9 @@ class Kernel:
         if not rnd.model_called:
             self._commit_input(child, rnd)
         self._commit_partial(child, rnd)
+        self._finish(child, rnd, "interrupted")
         child.interrupted_rounds += 1
-        _settle(rnd.future, Outcome("interrupted", "".join(rnd.emitted), error))
+        _settle(rnd.future, Outcome("interrupted", self._heard_text(child, rnd), error))
 
     def _commit_input(self, child: _Child, rnd: _Round) -> None:
         """Commit the round's input, after the inputs it carries over (seq order)."""
@@ -805,26 +934,57 @@ class Kernel:
         child.commit(Message("user", text))
 
     def _commit_partial(self, child: _Child, rnd: _Round) -> None:
-        """Commit what a cut round really did: finished tools and emitted text."""
+        """Commit what a cut round really did: finished tools and delivered text."""
         if rnd.group is not None:
-            text, calls, results = rnd.group
+            _, calls, results = rnd.group
             rnd.group = None
             done = {r.tool_call_id for r in results}
             finished = [c for c in calls if c.id in done]
             if finished:
-                child.commit(Message("assistant", text, tool_calls=finished), *results)
-                rnd.turn_text = []
+                heard = self._heard_call_text(child, rnd)
+                child.commit(Message("assistant", heard, tool_calls=finished), *results)
+                self._call_consumed(rnd)
                 return
-        text = "".join(rnd.turn_text)
-        rnd.turn_text = []
+        text = self._heard_call_text(child, rnd)
+        rnd.tail_start = rnd.call_start
         if text:
             child.commit(Message("assistant", text, interrupted=True))
+            rnd.tail_index = len(child.history) - 1
+        self._call_consumed(rnd)
+
+    @staticmethod
+    def _call_consumed(rnd: _Round) -> None:
+        """Mark the current model call's text as committed (never commit it twice)."""
+        rnd.turn_text = []
+        rnd.call_start = rnd.emitted_len
+
+    @staticmethod
+    def _heard(child: _Child, rnd: _Round) -> int:
+        """Characters of the round's text that reached the user."""
+        if child.options.delivery == "emitted":
+            return rnd.emitted_len
+        return min(rnd.delivered, rnd.emitted_len)
+
+    def _heard_text(self, child: _Child, rnd: _Round) -> str:
+        """Return the round's text as far as it reached the user."""
+        text = "".join(rnd.emitted)
+        heard = self._heard(child, rnd)
+        return text if heard >= len(text) else text[:heard]
+
+    def _heard_call_text(self, child: _Child, rnd: _Round) -> str:
+        """Return the current model call's text as far as it reached the user."""
+        heard = self._heard(child, rnd)
+        if heard <= rnd.call_start:
+            return ""
+        if heard >= rnd.emitted_len:
+            return "".join(rnd.turn_text)
+        return "".join(rnd.emitted)[rnd.call_start : heard]
 
     def _end_failed(self, child: _Child, rnd: _Round, err: Exception) -> None:
-        rnd.finished = True
         if not rnd.model_called:
             self._commit_input(child, rnd)
         self._commit_partial(child, rnd)
+        self._finish(child, rnd, "failed")
         child.failed_rounds += 1
         error_type = type(err).__name__
         message = str(err) or error_type
@@ -833,7 +993,8 @@ class Kernel:
             "Round of %s failed: %s: %s", child.options.id, error_type, message
         )
         _settle(
-            rnd.future, Outcome("failed", "".join(rnd.emitted), message, error_type)
+            rnd.future,
+            Outcome("failed", self._heard_text(child, rnd), message, error_type),
         )
 
     def _set_state(self, child: _Child, state: ChildState) -> None:
