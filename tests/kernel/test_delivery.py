@@ -8,10 +8,12 @@ completed round whose playback was cut afterwards is truncated to it.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from custom_components.rtvoice.kernel import Kernel, Message
 from custom_components.rtvoice.kernel.context import message_tokens
 from tests.kernel.fakes import (
+    Raise,
     Rig,
     ScriptedProvider,
     ScriptedToolRunner,
@@ -205,3 +207,79 @@ async def test_emitted_mode_ignores_reports() -> None:
 def test_message_defaults_are_not_interrupted() -> None:
     """A plain message is neither interrupted nor failed."""
     assert Message("assistant", "x").interrupted is False
+
+
+# ------------------------------------------------------------ failed rounds
+
+
+async def test_failed_round_commits_what_the_user_was_told() -> None:
+    """A failed round stores the reply the adapter gave, never the unheard partial."""
+    provider = ScriptedProvider(
+        [Text("The forecast "), Raise(ConnectionError("stream dropped"))],
+        [Text("Sunny.")],
+    )
+    async with Rig(provider) as rig:
+        await rig.spawn("c1", **ACK)
+        ticket = rig.kernel.push("c1", "weather")
+        failed = await outcome(ticket)
+        assert failed.status == "failed" and failed.text == ""
+        assert _history(rig) == [("user", "weather", False)]
+        rig.kernel.record_reply("c1", ticket.seq, "Sorry, I couldn't reach the model.")
+        rig.kernel.record_reply("c1", ticket.seq, "twice")  # once per round
+        transcript = rig.kernel.transcript("c1")
+        assert transcript is not None
+        assert [(m.role, m.content, m.failed) for m in transcript] == [
+            ("user", "weather", False),
+            ("assistant", "Sorry, I couldn't reach the model.", True),
+        ]
+        assert _tokens_consistent(rig.kernel, "c1")
+        assert rig.kernel.transcript_page("c1").splitlines() == [
+            "[user] weather",
+            "[assistant, failed] Sorry, I couldn't reach the model.",
+        ]
+        raw = json.loads(rig.kernel.transcript_page("c1", fmt="raw"))
+        assert raw["messages"][1]["failed"] is True
+        await outcome(rig.kernel.push("c1", "try again"))
+        sent = provider.calls[-1].messages
+        assert [(m.role, m.content) for m in sent[1:]] == [
+            ("user", "weather"),
+            ("assistant", "Sorry, I couldn't reach the model."),
+            ("user", "try again"),
+        ]
+
+
+async def test_failed_round_keeps_the_delivered_part_marked() -> None:
+    """A text caller saw the partial: it stays, interrupted, before the reply."""
+    provider = ScriptedProvider([Text("The forecast "), Raise(ConnectionError("x"))])
+    async with Rig(provider) as rig:
+        await rig.spawn("c1")
+        ticket = rig.kernel.push("c1", "weather")
+        assert (await outcome(ticket)).text == "The forecast "
+        rig.kernel.record_reply("c1", ticket.seq, "Sorry.")
+        assert rig.kernel.transcript_page("c1").splitlines() == [
+            "[user] weather",
+            "[assistant, interrupted] The forecast ",
+            "[assistant, failed] Sorry.",
+        ]
+        raw = json.loads(rig.kernel.transcript_page("c1", fmt="raw"))
+        assert raw["messages"][1]["interrupted"] is True
+        assert "failed" not in raw["messages"][1]
+
+
+async def test_record_reply_only_for_the_latest_failed_round() -> None:
+    """A reply for a round that did not fail, or an older one, is ignored."""
+    provider = ScriptedProvider(
+        [Raise(ConnectionError("x"))], [Text("Fine.")], default=[Text("ok")]
+    )
+    async with Rig(provider) as rig:
+        await rig.spawn("c1")
+        failed = rig.kernel.push("c1", "one")
+        await outcome(failed)
+        done = rig.kernel.push("c1", "two")
+        await outcome(done)
+        rig.kernel.record_reply("c1", failed.seq, "Sorry.")  # a newer round exists
+        rig.kernel.record_reply("c1", done.seq, "Sorry.")  # it did not fail
+        rig.kernel.record_reply("ghost", done.seq, "Sorry.")  # unknown child
+        transcript = rig.kernel.transcript("c1")
+        assert transcript is not None
+        assert not any(m.failed for m in transcript)

@@ -240,3 +240,23 @@ def test_page_edges() -> None:
         transcript_page("c1", messages, offset=-1)
     with pytest.raises(KernelError, match="unknown transcript format 'xml'"):
         transcript_page("c1", messages, fmt="xml")  # type: ignore[arg-type]
+
+
+def test_format_transcript_names_the_status_of_an_answer() -> None:
+    """Interrupted and failed answers say so; the raw page carries the flags."""
+    messages = [
+        Message("user", "weather"),
+        Message("assistant", "It is", interrupted=True),
+        Message("assistant", "Sorry.", failed=True),
+        Message("assistant", "Sunny."),
+    ]
+    assert format_transcript(messages).splitlines() == [
+        "[user] weather",
+        "[assistant, interrupted] It is",
+        "[assistant, failed] Sorry.",
+        "[assistant] Sunny.",
+    ]
+    raw = json.loads(transcript_page("c1", messages, fmt="raw"))
+    assert [
+        (m.get("interrupted", False), m.get("failed", False)) for m in raw["messages"]
+    ] == [(False, False), (True, False), (False, True), (False, False)]

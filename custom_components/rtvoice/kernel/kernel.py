@@ -424,6 +424,34 @@ class Kernel:
         if rnd.status is not None:
             self._amend(child, rnd)
 
+    def record_reply(self, child_id: str, seq: int, text: str) -> None:
+        """Record what the adapter told the user after round ``seq`` failed.
+
+        A failed round commits the user input, its completed tool groups and only
+        the delivered part of its partial answer, never the unheard rest; what
+        the user was told instead (e.g. a spoken apology) is committed here as an
+        assistant message with ``failed=True``. Once per failed round, and only
+        while it is the child's most recent round with nothing committed after
+        it; anything else (unknown child or seq, a round that did not fail, empty
+        text) is ignored.
+        """
+        child = self._children.get(child_id)
+        rnd = child.last if child is not None else None
+        if (
+            child is None
+            or rnd is None
+            or rnd.seq != seq
+            or rnd.status != "failed"
+            or rnd.replied
+            or len(child.history) != rnd.history_len
+            or not text.strip()
+        ):
+            return
+        rnd.replied = True
+        rnd.tail_start = None  # the partial before the reply is no longer amendable
+        child.commit(Message("assistant", text, failed=True))
+        rnd.history_len = len(child.history)
+
     def _amend(self, child: _Child, rnd: _Round) -> None:
         """Make an ended round's last text say what the user heard (see acknowledge)."""
         if (

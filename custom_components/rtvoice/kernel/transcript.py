@@ -22,8 +22,25 @@ def _argument_text(value: Any) -> str:
     return _clip(text, ARGUMENT_MAX_CHARS)
 
 
+def _label(message: Message) -> str:
+    flags = [
+        flag
+        for flag, on in (
+            ("interrupted", message.interrupted),
+            ("failed", message.failed),
+        )
+        if on
+    ]
+    return ", ".join([message.role, *flags])
+
+
 def format_transcript(messages: list[Message]) -> str:
-    """One line per message: user/assistant verbatim, tool calls and cut results."""
+    """One line per message: user/assistant verbatim, tool calls and cut results.
+
+    An assistant line names its status when it has one: ``[assistant, interrupted]``
+    (the user heard only this much) or ``[assistant, failed]`` (what the user was
+    told when the round failed).
+    """
     lines: list[str] = []
     for message in messages:
         if message.role == "tool":
@@ -32,7 +49,7 @@ def format_transcript(messages: list[Message]) -> str:
             )
             continue
         if message.content or not message.tool_calls:
-            lines.append(f"[{message.role}] {message.content}")
+            lines.append(f"[{_label(message)}] {message.content}")
         for call in message.tool_calls or ():
             args = " ".join(
                 f"{key}={_argument_text(call.arguments[key])}"
@@ -54,6 +71,8 @@ def message_to_dict(message: Message) -> dict[str, Any]:
         data["tool_call_id"] = message.tool_call_id
     if message.interrupted:
         data["interrupted"] = True
+    if message.failed:
+        data["failed"] = True
     return data
 
 

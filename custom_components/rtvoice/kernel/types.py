@@ -31,7 +31,10 @@ class Message:
     content: str = ""
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant answer cut off where the user stopped hearing it.
     interrupted: bool = False
+    # What the user was told when a round failed (e.g. an apology), not the model.
+    failed: bool = False
 
 
 @dataclass
