@@ -7,7 +7,12 @@ the whole conversation is kept and handed off when a child closes. DESIGN §4.
 from __future__ import annotations
 
 from .channels import Capability, Channel, ChannelDef, ChannelRegistry
-from .context import drop_unpaired_tool_calls, estimate_tokens, trim_to_window
+from .context import (
+    INTERRUPTED_MARKER,
+    drop_unpaired_tool_calls,
+    estimate_tokens,
+    trim_to_window,
+)
 from .errors import (
     AgentNotRealtimeError,
     ChannelNotRealtimeError,
@@ -32,6 +37,7 @@ from .types import ChatProvider, Delta, Message, Outcome, ToolCall, ToolRunner, 
 __all__ = [
     "ASK_PARENT_TOOL",
     "DEFAULT_SYSTEM_PROMPT",
+    "INTERRUPTED_MARKER",
     "AgentNotRealtimeError",
     "Capability",
     "Channel",

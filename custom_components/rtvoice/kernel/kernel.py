@@ -22,7 +22,13 @@ import time
 from typing import Any, Literal
 
 from .channels import ChannelRegistry, OutputHandler
-from .context import drop_unpaired_tool_calls, message_tokens, trim_to_window
+from .context import (
+    drop_unpaired_tool_calls,
+    message_tokens,
+    model_view,
+    render_for_model,
+    trim_to_window,
+)
 from .errors import AgentNotRealtimeError, KernelError
 from .prompts import PromptRegistry
 from .slot import LatestSlot, PendingInput
@@ -208,6 +214,7 @@ class _Child:
         self.slot = LatestSlot()
         self.history: list[Message] = []
         self.history_tokens = 0  # running estimate of the whole history
+        self.flagged = 0  # interrupted or failed messages in the history
 
         self.tickets: dict[int, asyncio.Future[Outcome]] = {}
         self.round: _Round | None = None
@@ -233,16 +240,23 @@ class _Child:
         """Append to the history (never trimmed in place) and count its tokens."""
         self.history.extend(messages)
         for message in messages:
-            self.history_tokens += message_tokens(message)
+            self._count(message, 1)
 
     def amend(self, index: int, message: Message | None) -> None:
         """Replace (or with None remove) one message: what the user heard changed."""
-        self.history_tokens -= message_tokens(self.history[index])
+        self._count(self.history[index], -1)
         if message is None:
             del self.history[index]
         else:
             self.history[index] = message
-            self.history_tokens += message_tokens(message)
+            self._count(message, 1)
+
+    def _count(self, message: Message, sign: int) -> None:
+        # Tokens as the model is shown the message (an interrupted one carries a
+        # marker); flagged messages make requests render the history.
+        self.history_tokens += sign * message_tokens(model_view(message))
+        if message.interrupted or message.failed:
+            self.flagged += sign
 
 
 def _stopped() -> Outcome:
@@ -802,7 +816,8 @@ class Kernel:
 
     def _request_messages(self, child: _Child) -> list[Message]:
         system = Message("system", self.system_prompt(child.options))
-        messages = [system, *child.history]
+        history = render_for_model(child.history) if child.flagged else child.history
+        messages = [system, *history]
         window = child.options.context_window
         if message_tokens(system) + child.history_tokens > window:
             messages = trim_to_window(messages, window)  # whole groups, a new list
