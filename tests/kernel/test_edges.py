@@ -53,19 +53,18 @@ async def test_bad_arguments_are_kernel_errors() -> None:
             rig.kernel.push("c1", "   ")
 
 
-async def test_options_and_request_messages_of_a_child() -> None:
+async def test_a_request_is_the_system_prompt_plus_the_history() -> None:
     """The next request of a child is its system prompt plus its history."""
-    async with Rig(ScriptedProvider([Text("Hi.")])) as rig:
+    async with Rig(ScriptedProvider([Text("Hi.")], [Text("Bye.")])) as rig:
         await rig.spawn("c1", system_prompt="Be brief.")
-        options = rig.kernel.options("c1")
-        assert options is not None and options.system_prompt == "Be brief."
-        assert rig.kernel.options("nobody") is None
         await outcome(rig.kernel.push("c1", "hello"))
-        messages = rig.kernel.request_messages("c1")
+        await outcome(rig.kernel.push("c1", "bye"))
+        messages = rig.provider.calls[1].messages
         assert [(m.role, m.content) for m in messages] == [
             ("system", "Be brief."),
             ("user", "hello"),
             ("assistant", "Hi."),
+            ("user", "bye"),
         ]
 
 

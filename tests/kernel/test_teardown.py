@@ -36,6 +36,8 @@ from tests.kernel.fakes import (
     yield_many,
 )
 
+NOT_RUN = json.dumps({"error": "not run: conversation stopped"})
+
 
 def _tool_rig(gate: asyncio.Event) -> Rig:
     """Build a rig whose first round runs the gated tool ``slow``, then answers."""
@@ -236,9 +238,7 @@ async def test_stop_during_a_tool_group_never_starts_the_next_call() -> None:
         ]
         assert transcript[2].content == "light on"
         for result in transcript[3:]:
-            assert json.loads(result.content) == {
-                "error": "not run: conversation stopped"
-            }
+            assert result.content == NOT_RUN
         assert drop_unpaired_tool_calls(transcript) is transcript
 
 
@@ -262,3 +262,28 @@ async def test_stop_deadline_is_logged_and_then_cancels_the_call(
         await wait(kernel.stop("c"))
     assert stuck.cancelled
     assert "tool still running" in caplog.text
+
+
+async def test_on_tool_result_reports_every_result_also_not_run_ones() -> None:
+    """on_tool_result follows each tool result, the "not run" answers included."""
+    gate = asyncio.Event()
+    tools = ScriptedToolRunner(
+        {
+            "light": ToolBehaviour(result="light on", gate=gate),
+            "lock": ToolBehaviour(result="door locked"),
+        }
+    )
+    provider = ScriptedProvider([Tools.of(call("t1", "light"), call("t2", "lock"))])
+    async with Rig(provider, tools) as rig:
+        await rig.spawn("c1")
+        rig.kernel.push("c1", "light on and lock up")
+        await tools.wait_calls(1)
+        assert rig.tool_results == []  # reported after the result, not before
+        closer = asyncio.create_task(rig.kernel.close("c1"))
+        await yield_many()
+        gate.set()
+        await wait(closer)
+        assert rig.tool_results == [
+            ("c1", "t1", "light on"),
+            ("c1", "t2", NOT_RUN),
+        ]

@@ -31,7 +31,7 @@ from .kernel import (
     current_child_id,
 )
 from .prompts import PromptRegistry, PromptSection
-from .transcript import format_transcript
+from .transcript import TranscriptPage, format_transcript
 from .types import ChatProvider, Delta, Message, Outcome, ToolCall, ToolRunner, ToolSpec
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "ToolCall",
     "ToolRunner",
     "ToolSpec",
+    "TranscriptPage",
     "current_child_id",
     "drop_unpaired_tool_calls",
     "estimate_tokens",

@@ -13,7 +13,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 from contextvars import Context, ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 import enum
 import inspect
 import json
@@ -32,7 +32,14 @@ from .context import (
 from .errors import AgentNotRealtimeError, KernelError
 from .prompts import PromptRegistry
 from .slot import LatestSlot, PendingInput
-from .transcript import DEFAULT_PAGE_LIMIT, format_transcript, transcript_page
+from .transcript import (
+    DEFAULT_PAGE_LIMIT,
+    TranscriptPage,
+    copy_message,
+    format_page,
+    format_transcript,
+    page_of,
+)
 from .types import (
     ChatProvider,
     Message,
@@ -269,15 +276,6 @@ def _settle(future: asyncio.Future[Outcome] | None, outcome: Outcome) -> None:
         future.set_result(outcome)
 
 
-def _copy_message(message: Message) -> Message:
-    return replace(
-        message,
-        tool_calls=[replace(c, arguments=dict(c.arguments)) for c in message.tool_calls]
-        if message.tool_calls
-        else None,
-    )
-
-
 class Kernel:
     """Runs realtime children for one parent."""
 
@@ -292,10 +290,20 @@ class Kernel:
         on_closed: Callable[[str, int, int], None] | None = None,
         on_ask_parent: Callable[[str, str], None] | None = None,
         on_state: Callable[[str, str], None] | None = None,
+        on_tool_result: Callable[[str, ToolCall, str], None] | None = None,
         stop_tool_timeout: float = STOP_TOOL_TIMEOUT,
         archive_limit: int = ARCHIVE_LIMIT,
     ) -> None:
-        """Create a kernel; ``on_state(child_id, state)`` reports state changes."""
+        """Create a kernel for one parent.
+
+        ``on_closed(child_id, messages, chars)`` follows every hand-off,
+        ``on_ask_parent(child_id, text)`` delivers the ask_parent tool,
+        ``on_state(child_id, state)`` reports state changes and
+        ``on_tool_result(child_id, call, result)`` follows every tool result
+        (also calls answered without running, e.g. "not run" after a stop).
+        Callbacks run in the event loop and must not block; their errors are
+        logged, never raised into a round.
+        """
         self.provider = provider
         self.channels = channels
         self.tools = tools
@@ -304,6 +312,7 @@ class Kernel:
         self._on_closed = on_closed
         self._on_ask_parent = on_ask_parent
         self._on_state = on_state
+        self._on_tool_result = on_tool_result
         self._stop_tool_timeout = stop_tool_timeout
         self._archive_limit = archive_limit
         self._children: dict[str, _Child] = {}
@@ -672,22 +681,31 @@ class Kernel:
             messages=len(child.history),
         )
 
-    def options(self, child_id: str) -> ChildOptions | None:
-        """Return the options a live child was spawned with."""
-        child = self._children.get(child_id)
-        return child.options if child is not None else None
-
     def transcript(self, child_id: str) -> list[Message] | None:
         """Return the full history of a live or archived child (a copy), or None."""
         child = self._children.get(child_id)
         history = child.history if child is not None else self._archive.get(child_id)
         if history is None:
             return None
-        return [_copy_message(m) for m in history]
+        return [copy_message(m) for m in history]
 
     def archived(self) -> list[str]:
         """Ids of closed children whose transcript is kept."""
         return list(self._archive)
+
+    def transcript_page_data(
+        self, child_id: str, offset: int = 0, limit: int = DEFAULT_PAGE_LIMIT
+    ) -> TranscriptPage:
+        """Return a page of a live or archived transcript (copies of its messages).
+
+        KernelError for an unknown id or a negative offset; a limit <= 0 means the
+        default (40).
+        """
+        child = self._children.get(child_id)
+        history = child.history if child is not None else self._archive.get(child_id)
+        if history is None:
+            raise KernelError(self._unknown_message(child_id))
+        return page_of(child_id, history, offset, limit)
 
     def transcript_page(
         self,
@@ -696,12 +714,8 @@ class Kernel:
         limit: int = DEFAULT_PAGE_LIMIT,
         fmt: Literal["text", "raw"] = "text",
     ) -> str:
-        """Return a page of a transcript; KernelError for an unknown id."""
-        child = self._children.get(child_id)
-        history = child.history if child is not None else self._archive.get(child_id)
-        if history is None:
-            raise KernelError(self._unknown_message(child_id))
-        return transcript_page(child_id, history, offset, limit, fmt)
+        """Return a page of a transcript as text lines or raw JSON (DESIGN 4.6)."""
+        return format_page(self.transcript_page_data(child_id, offset, limit), fmt)
 
     def _live(self, child_id: str) -> _Child:
         child = self._children.get(child_id)
@@ -804,18 +818,14 @@ class Kernel:
             specs.append(ASK_PARENT_SPEC)
         return specs
 
-    def system_prompt(self, options: ChildOptions) -> str:
+    def _system_prompt(self, options: ChildOptions) -> str:
         """Return the system message of a child's next request."""
         base = options.system_prompt.strip() or DEFAULT_SYSTEM_PROMPT
         sections = self.prompts.render(options.prompt_scope) if self.prompts else ""
         return f"{base}\n\n{sections}" if sections else base
 
-    def request_messages(self, child_id: str) -> list[Message]:
-        """Return what the next model call of a live child would send."""
-        return self._request_messages(self._live(child_id))
-
     def _request_messages(self, child: _Child) -> list[Message]:
-        system = Message("system", self.system_prompt(child.options))
+        system = Message("system", self._system_prompt(child.options))
         history = render_for_model(child.history) if child.flagged else child.history
         messages = [system, *history]
         window = child.options.context_window
@@ -886,6 +896,11 @@ class Kernel:
             else:
                 result = await self._call_tool(child, call)
             results.append(Message("tool", result, tool_call_id=call.id))
+            if self._on_tool_result is not None:
+                try:
+                    self._on_tool_result(child.options.id, call, result)
+                except Exception:
+                    _LOGGER.exception("on_tool_result callback failed")
         child.commit(
             Message("assistant", self._heard_call_text(child, rnd), tool_calls=calls),
             *results,

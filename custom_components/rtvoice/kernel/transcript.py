@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 import json
 from typing import Any, Literal
 
@@ -76,6 +77,49 @@ def message_to_dict(message: Message) -> dict[str, Any]:
     return data
 
 
+@dataclass
+class TranscriptPage:
+    """One page of a transcript: ``messages[offset:offset+limit]`` of ``total``."""
+
+    id: str
+    offset: int
+    total: int
+    messages: list[Message]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready form (the ``raw`` format)."""
+        return {
+            "id": self.id,
+            "offset": self.offset,
+            "total": self.total,
+            "messages": [message_to_dict(m) for m in self.messages],
+        }
+
+
+def page_of(
+    child_id: str,
+    messages: list[Message],
+    offset: int = 0,
+    limit: int = DEFAULT_PAGE_LIMIT,
+) -> TranscriptPage:
+    """Cut a page out of a transcript; its messages are copies."""
+    if offset < 0:
+        raise KernelError(f"offset must be >= 0, got {offset}")
+    if limit <= 0:
+        limit = DEFAULT_PAGE_LIMIT
+    page = [copy_message(m) for m in messages[offset : offset + limit]]
+    return TranscriptPage(child_id, offset, len(messages), page)
+
+
+def format_page(page: TranscriptPage, fmt: Literal["text", "raw"] = "text") -> str:
+    """Render a page in ``text`` (lines) or ``raw`` (JSON) format."""
+    if fmt == "raw":
+        return json.dumps(page.as_dict(), ensure_ascii=False)
+    if fmt != "text":
+        raise KernelError(f"unknown transcript format {fmt!r} (use 'text' or 'raw')")
+    return format_transcript(page.messages)
+
+
 def transcript_page(
     child_id: str,
     messages: list[Message],
@@ -84,21 +128,14 @@ def transcript_page(
     fmt: Literal["text", "raw"] = "text",
 ) -> str:
     """One page of a transcript in ``text`` or ``raw`` (JSON) format."""
-    if offset < 0:
-        raise KernelError(f"offset must be >= 0, got {offset}")
-    if limit <= 0:
-        limit = DEFAULT_PAGE_LIMIT
-    page = messages[offset : offset + limit]
-    if fmt == "raw":
-        return json.dumps(
-            {
-                "id": child_id,
-                "offset": offset,
-                "total": len(messages),
-                "messages": [message_to_dict(m) for m in page],
-            },
-            ensure_ascii=False,
-        )
-    if fmt != "text":
-        raise KernelError(f"unknown transcript format {fmt!r} (use 'text' or 'raw')")
-    return format_transcript(page)
+    return format_page(page_of(child_id, messages, offset, limit), fmt)
+
+
+def copy_message(message: Message) -> Message:
+    """Return a copy that shares nothing mutable with ``message``."""
+    return replace(
+        message,
+        tool_calls=[replace(c, arguments=dict(c.arguments)) for c in message.tool_calls]
+        if message.tool_calls
+        else None,
+    )
