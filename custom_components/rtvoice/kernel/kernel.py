@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import Context, ContextVar
 from dataclasses import dataclass
 import enum
@@ -274,6 +274,33 @@ def _settle(future: asyncio.Future[Outcome] | None, outcome: Outcome) -> None:
     """Resolve a ticket; a caller may have cancelled it meanwhile."""
     if future is not None and not future.done():
         future.set_result(outcome)
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def _run_to_end(cleanup: Awaitable[Any]) -> None:
+    """Await ``cleanup`` to its end, even through further cancels of the caller.
+
+    A stream's ``aclose`` releases its HTTP response: a second barge-in arriving
+    while it runs must not skip that. The cleanup starts eagerly (a finished stream
+    closes without a scheduling step); if it has to wait, it runs in a task of its
+    own, and a cancel of the caller is re-raised only once it has ended.
+    """
+    loop = asyncio.get_running_loop()
+    task: asyncio.Task[Any] = asyncio.Task(_await(cleanup), loop=loop, eager_start=True)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
 
 
 class Kernel:
@@ -862,7 +889,7 @@ class Kernel:
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
-                await aclose()
+                await _run_to_end(aclose())
         return "".join(rnd.turn_text), calls
 
     async def _emit(self, child: _Child, handler: OutputHandler, text: str) -> None:
