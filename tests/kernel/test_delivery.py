@@ -11,7 +11,7 @@ import asyncio
 import json
 
 from custom_components.rtvoice.kernel import INTERRUPTED_MARKER, Kernel, Message
-from custom_components.rtvoice.kernel.context import message_tokens, model_view
+from custom_components.rtvoice.kernel.context import message_tokens, render_for_model
 from tests.kernel.fakes import (
     Raise,
     Rig,
@@ -37,8 +37,9 @@ def _history(rig: Rig, child: str = "c1") -> list[tuple[str, str, bool]]:
 def _tokens_consistent(kernel: Kernel, child: str) -> bool:
     """White box: the running token estimate matches the history it counts."""
     state = kernel._children[child]  # noqa: SLF001 - accounting is internal
-    return state.history_tokens == sum(
-        message_tokens(model_view(m)) for m in state.history
+    shown = render_for_model(state.history)
+    return state.shown_history() == shown and state.history_tokens == sum(
+        message_tokens(m) for m in shown
     )
 
 

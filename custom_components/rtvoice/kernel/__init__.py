@@ -1,7 +1,8 @@
 """The realtime kernel of Realtime Voice: pure asyncio, no Home Assistant imports.
 
-Latest input wins, tools are critical sections, output streams delta by delta, and
-the whole conversation is kept and handed off when a child closes. DESIGN §4.
+Latest input wins, tools are critical sections, output streams delta by delta, the
+history holds what the user heard, and the whole conversation is kept and handed off
+when a child closes. DESIGN §4.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from .errors import (
 from .kernel import (
     ASK_PARENT_TOOL,
     DEFAULT_SYSTEM_PROMPT,
+    NOT_RUN_STOPPED,
     ChildOptions,
     ChildState,
     ChildStats,
+    Delivery,
     Kernel,
     Ticket,
     current_child_id,
@@ -38,6 +41,7 @@ __all__ = [
     "ASK_PARENT_TOOL",
     "DEFAULT_SYSTEM_PROMPT",
     "INTERRUPTED_MARKER",
+    "NOT_RUN_STOPPED",
     "AgentNotRealtimeError",
     "Capability",
     "Channel",
@@ -50,6 +54,7 @@ __all__ = [
     "ChildOptions",
     "ChildState",
     "ChildStats",
+    "Delivery",
     "Delta",
     "Kernel",
     "KernelError",

@@ -17,7 +17,8 @@ MESSAGE_OVERHEAD_TOKENS = 4
 
 # Put after the heard text of an interrupted answer in requests only: the model
 # learns that it was cut off and where. Never in transcripts, outcomes or speech.
-INTERRUPTED_MARKER = "… [cut off here: the user heard only this far]"
+# ASCII on purpose: the token estimate of pure ASCII text is the fast path.
+INTERRUPTED_MARKER = "... [cut off here: the user heard only this far]"
 
 
 def _is_wide(code: int) -> bool:
@@ -208,6 +209,11 @@ def drop_unpaired_tool_calls(messages: list[Message]) -> list[Message]:
     return out
 
 
+def needs_marker(message: Message) -> bool:
+    """Whether the model is shown ``message`` with :data:`INTERRUPTED_MARKER`."""
+    return message.interrupted and message.role == "assistant" and bool(message.content)
+
+
 def model_view(message: Message) -> Message:
     """Return a history message as the model is shown it.
 
@@ -215,7 +221,7 @@ def model_view(message: Message) -> Message:
     text; every other message is returned as it is. The view is cached on the
     message (keyed on its content object), so its token estimate is cached too.
     """
-    if not message.interrupted or message.role != "assistant" or not message.content:
+    if not needs_marker(message):
         return message
     cached = message.__dict__.get("_model_view")
     if cached is not None and cached[0] is message.content:
@@ -230,6 +236,26 @@ def model_view(message: Message) -> Message:
     return view
 
 
+def joins(previous: Message, view: Message) -> bool:
+    """Whether two consecutive shown messages become one (plain assistant texts)."""
+    return (
+        view.role == "assistant"
+        and previous.role == "assistant"
+        and not view.tool_calls
+        and not previous.tool_calls
+    )
+
+
+def joined(previous: Message, view: Message) -> Message:
+    """Join two consecutive plain assistant messages into one."""
+    return Message(
+        "assistant",
+        f"{previous.content} {view.content}",
+        interrupted=previous.interrupted or view.interrupted,
+        failed=previous.failed or view.failed,
+    )
+
+
 def render_for_model(history: list[Message]) -> list[Message]:
     """Return ``history`` as the model is shown it (a new list).
 
@@ -241,20 +267,8 @@ def render_for_model(history: list[Message]) -> list[Message]:
     out: list[Message] = []
     for message in history:
         view = model_view(message)
-        previous = out[-1] if out else None
-        if (
-            previous is not None
-            and view.role == "assistant"
-            and previous.role == "assistant"
-            and not view.tool_calls
-            and not previous.tool_calls
-        ):
-            out[-1] = Message(
-                "assistant",
-                f"{previous.content} {view.content}",
-                interrupted=previous.interrupted or view.interrupted,
-                failed=previous.failed or view.failed,
-            )
-            continue
-        out.append(view)
+        if out and joins(out[-1], view):
+            out[-1] = joined(out[-1], view)
+        else:
+            out.append(view)
     return out

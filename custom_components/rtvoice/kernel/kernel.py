@@ -5,6 +5,17 @@ takes the newest input and runs one *round* in a task of its own. ``push`` overw
 the slot and cancels the running round at once, unless a tool is running (a critical
 section): then the cancel is suppressed and counted, and the round ends at its next
 check before a model call. Nothing polls and nothing runs while nobody talks.
+
+Stopping or closing a child is one teardown task per child that every caller awaits
+through ``asyncio.shield``: a cancelled caller stops waiting, the teardown still
+completes exactly once. A stop lets a started tool call finish (bounded by
+``stop_tool_timeout``) and answers the calls of its group not yet started with
+"not run".
+
+The history holds what the user heard (DESIGN 4.4): with ``delivery="emitted"``
+every delta handed to the output handler counts; with ``"acknowledged"`` only what
+the output side reports through ``Kernel.acknowledge``. Requests show the model an
+interrupted answer with a marker where it was cut.
 """
 
 from __future__ import annotations
@@ -24,8 +35,11 @@ from typing import Any, Literal
 from .channels import ChannelRegistry, OutputHandler
 from .context import (
     drop_unpaired_tool_calls,
+    joined,
+    joins,
     message_tokens,
     model_view,
+    needs_marker,
     render_for_model,
     trim_to_window,
 )
@@ -220,8 +234,11 @@ class _Child:
         self.loop = loop
         self.slot = LatestSlot()
         self.history: list[Message] = []
-        self.history_tokens = 0  # running estimate of the whole history
-        self.flagged = 0  # interrupted or failed messages in the history
+        # The history as requests show it (render_for_model, kept up to date on
+        # every commit so no request re-renders it) and its token estimate.
+        self.shown: list[Message] = []
+        self.unmarked: list[int] = []  # shown interrupted answers without marker yet
+        self.history_tokens = 0
 
         self.tickets: dict[int, asyncio.Future[Outcome]] = {}
         self.round: _Round | None = None
@@ -247,23 +264,50 @@ class _Child:
         """Append to the history (never trimmed in place) and count its tokens."""
         self.history.extend(messages)
         for message in messages:
-            self._count(message, 1)
+            self._show(message)
 
     def amend(self, index: int, message: Message | None) -> None:
         """Replace (or with None remove) one message: what the user heard changed."""
-        self._count(self.history[index], -1)
         if message is None:
             del self.history[index]
         else:
             self.history[index] = message
-            self._count(message, 1)
+        # Rare (a report after the round ended): render the model's view anew.
+        self.shown = render_for_model(self.history)
+        self.unmarked = []
+        self.history_tokens = sum(message_tokens(m) for m in self.shown)
 
-    def _count(self, message: Message, sign: int) -> None:
-        # Tokens as the model is shown the message (an interrupted one carries a
-        # marker); flagged messages make requests render the history.
-        self.history_tokens += sign * message_tokens(model_view(message))
-        if message.interrupted or message.failed:
-            self.flagged += sign
+    def shown_history(self) -> list[Message]:
+        """Return the history as the next request shows it (render_for_model)."""
+        if self.unmarked:
+            shown = self.shown
+            for index in self.unmarked:
+                view = model_view(shown[index])
+                self.history_tokens += message_tokens(view) - message_tokens(
+                    shown[index]
+                )
+                shown[index] = view
+            self.unmarked = []
+        return self.shown
+
+    def _show(self, message: Message) -> None:
+        """Extend the model's view of the history by one message, as render_for_model.
+
+        An interrupted answer gets its marker only when a request needs it: a
+        barge-in commits one, and the cut must stay cheap.
+        """
+        shown = self.shown
+        if shown and joins(shown[-1], message):
+            self.shown_history()
+            self.history_tokens -= message_tokens(shown[-1])
+            view = joined(shown[-1], model_view(message))
+            shown[-1] = view
+        else:
+            view = message
+            if needs_marker(message):
+                self.unmarked.append(len(shown))
+            shown.append(view)
+        self.history_tokens += message_tokens(view)
 
 
 def _stopped() -> Outcome:
@@ -853,8 +897,7 @@ class Kernel:
 
     def _request_messages(self, child: _Child) -> list[Message]:
         system = Message("system", self._system_prompt(child.options))
-        history = render_for_model(child.history) if child.flagged else child.history
-        messages = [system, *history]
+        messages = [system, *child.shown_history()]
         window = child.options.context_window
         if message_tokens(system) + child.history_tokens > window:
             messages = trim_to_window(messages, window)  # whole groups, a new list
@@ -887,8 +930,10 @@ class Kernel:
                 if delta.tool_calls:
                     calls.extend(delta.tool_calls)
         finally:
+            # An async generator that already ended (ag_frame None: exhausted,
+            # or its own cleanup ran when the cancel landed inside it) needs none.
             aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
+            if aclose is not None and getattr(stream, "ag_frame", True) is not None:
                 await _run_to_end(aclose())
         return "".join(rnd.turn_text), calls
 
