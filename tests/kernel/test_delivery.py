@@ -285,3 +285,23 @@ async def test_record_reply_only_for_the_latest_failed_round() -> None:
         transcript = rig.kernel.transcript("c1")
         assert transcript is not None
         assert not any(m.failed for m in transcript)
+
+
+async def test_playback_cut_before_the_model_finished_is_kept_on_completion() -> None:
+    """A final report during the stream still counts when the round completes."""
+    gate = asyncio.Event()
+    provider = ScriptedProvider(
+        [Text("It is sunny. "), WaitFor(gate), Text("Tomorrow rain.")]
+    )
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c1", **ACK)
+        ticket = rig.kernel.push("c1", "weather")
+        await out.wait_text("It is sunny. ")
+        rig.kernel.acknowledge("c1", ticket.seq, 6, final=True)  # "It is " heard
+        gate.set()
+        assert (await outcome(ticket)).status == "completed"
+        assert _history(rig) == [
+            ("user", "weather", False),
+            ("assistant", "It is ", True),
+        ]
+        assert _tokens_consistent(rig.kernel, "c1")

@@ -497,9 +497,10 @@ class Kernel:
 
         A cut round commits only the delivered part of its cut model call; a report
         arriving after the commit still corrects it. A completed round commits its
-        whole answer; a final report of less than that (playback cut after the
-        model finished) truncates the answer to what was heard and marks it
-        interrupted. Either correction applies only while the round is the
+        whole answer; a final report of less than that (playback cut, before or
+        after the model finished) truncates the answer to what was heard and
+        marks it interrupted. Text before tool calls is committed as far as it
+        was heard when its tool group is committed, and not corrected later. Either correction applies only while the round is the
         child's most recent one and nothing was committed after it: a later round
         has already built on it otherwise.
         """
@@ -871,6 +872,8 @@ class Kernel:
 
     def _end_completed(self, child: _Child, rnd: _Round) -> None:
         self._finish(child, rnd, "completed")
+        if rnd.delivery_final:  # playback was cut before the model even finished
+            self._amend(child, rnd)
         child.completed_rounds += 1
         _settle(rnd.future, Outcome("completed", "".join(rnd.emitted)))
 
