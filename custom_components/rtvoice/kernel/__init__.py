@@ -8,6 +8,7 @@ when a child closes. DESIGN §4.
 from __future__ import annotations
 
 from .channels import Capability, Channel, ChannelDef, ChannelRegistry
+from .child import ChildOptions, ChildState, ChildStats, Delivery
 from .context import (
     INTERRUPTED_MARKER,
     drop_unpaired_tool_calls,
@@ -25,10 +26,6 @@ from .kernel import (
     ASK_PARENT_TOOL,
     DEFAULT_SYSTEM_PROMPT,
     NOT_RUN_STOPPED,
-    ChildOptions,
-    ChildState,
-    ChildStats,
-    Delivery,
     Kernel,
     Ticket,
     current_child_id,

@@ -24,8 +24,6 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextvars import Context, ContextVar
-from dataclasses import dataclass
-import enum
 import inspect
 import json
 import logging
@@ -33,19 +31,18 @@ import time
 from typing import Any, Literal
 
 from .channels import ChannelRegistry, OutputHandler
-from .context import (
-    drop_unpaired_tool_calls,
-    joined,
-    joins,
-    message_tokens,
-    model_view,
-    needs_marker,
-    render_for_model,
-    trim_to_window,
+from .child import (
+    Child,
+    ChildOptions,
+    ChildState,
+    ChildStats,
+    Round,
+    settle,
+    stopped_outcome,
 )
+from .context import drop_unpaired_tool_calls, message_tokens, trim_to_window
 from .errors import AgentNotRealtimeError, KernelError
 from .prompts import PromptRegistry
-from .slot import LatestSlot, PendingInput
 from .transcript import (
     DEFAULT_PAGE_LIMIT,
     TranscriptPage,
@@ -54,15 +51,7 @@ from .transcript import (
     format_transcript,
     page_of,
 )
-from .types import (
-    ChatProvider,
-    Message,
-    Outcome,
-    OutcomeStatus,
-    ToolCall,
-    ToolRunner,
-    ToolSpec,
-)
+from .types import ChatProvider, Message, Outcome, ToolCall, ToolRunner, ToolSpec
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -102,38 +91,6 @@ NOT_RUN_STOPPED = json.dumps({"error": "not run: conversation stopped"})
 ARCHIVE_LIMIT = 64
 
 
-class ChildState(enum.StrEnum):
-    """What a child is doing, for sensors and diagnostics."""
-
-    IDLE = "idle"
-    THINKING = "thinking"
-    SPEAKING = "speaking"
-    TOOL = "tool"
-
-
-Delivery = Literal["emitted", "acknowledged"]
-
-
-@dataclass
-class ChildOptions:
-    """How to spawn a realtime child."""
-
-    id: str
-    input: str
-    output: str
-    system_prompt: str = ""
-    max_tool_turns: int = 0  # 0 = unlimited: a call is an ongoing dialogue
-    context_window: int = 8000
-    prompt_scope: str | None = None
-    # "emitted": every delta handed to the output handler counts as delivered (a
-    # text caller displays it). "acknowledged": only what the output side reports
-    # through Kernel.acknowledge counts (DESIGN 4.4).
-    delivery: Delivery = "emitted"
-    # An input superseded before it reached the model is put in front of the next
-    # input that does (joined with a space), so nothing the user said is lost.
-    carry_over: bool = False
-
-
 class Ticket:
     """Returned by ``push``: ``outcome`` resolves when the round for ``seq`` ends."""
 
@@ -147,177 +104,6 @@ class Ticket:
     def __repr__(self) -> str:
         """Show the seq and whether the outcome is known."""
         return f"Ticket(seq={self.seq}, done={self.outcome.done()})"
-
-
-@dataclass
-class ChildStats:
-    """Counters of one child."""
-
-    id: str
-    rounds: int
-    last_seq: int
-    dropped: int
-    pending: bool
-    suppressed_cancels: int
-    interrupted_rounds: int
-    superseded_rounds: int
-    tool_calls: int
-    completed_rounds: int = 0
-    failed_rounds: int = 0
-    state: str = ChildState.IDLE
-    first_delta_ms: float | None = None  # last round: input pushed -> first delta
-    messages: int = 0
-
-
-class _Round:
-    """One round: the input it answers and what it has done so far."""
-
-    __slots__ = (
-        "call_start",
-        "delivered",
-        "delivery_final",
-        "emitted",
-        "emitted_len",
-        "finished",
-        "first_delta",
-        "future",
-        "group",
-        "history_len",
-        "interrupt_requested",
-        "model_called",
-        "pushed_at",
-        "replied",
-        "seq",
-        "status",
-        "tail_index",
-        "tail_start",
-        "task",
-        "text",
-        "turn_text",
-        "withdrawn",
-    )
-
-    def __init__(
-        self, pending: PendingInput, future: asyncio.Future[Outcome] | None
-    ) -> None:
-        self.text = pending.text
-        self.seq = pending.seq
-        self.pushed_at = pending.pushed_at
-        self.future = future
-        self.task: asyncio.Task[None] | None = None
-        self.model_called = False
-        self.interrupt_requested = False
-        self.withdrawn = False  # its caller took the input back (see Kernel.withdraw)
-        self.emitted: list[str] = []  # every delta of the round
-        self.emitted_len = 0  # characters emitted in the round, all model calls
-        self.turn_text: list[str] = []  # deltas of the current model call
-        self.call_start = 0  # where the current model call's text starts (chars)
-        self.delivered = 0  # characters the output side acknowledged
-        self.delivery_final = False  # nothing more of this round will be delivered
-        self.first_delta = True
-        self.finished = False  # its outcome has been settled
-        # The tool group being executed: (assistant text, calls, finished results).
-        self.group: tuple[str, list[ToolCall], list[Message]] | None = None
-        # Set when the round ends (for acknowledge and record_reply afterwards):
-        self.status: OutcomeStatus | None = None
-        self.history_len = 0  # history length right after its commits
-        self.tail_start: int | None = None  # its last text-only model call (chars)
-        self.tail_index: int | None = None  # that call's message in the history
-        self.replied = False  # record_reply was used
-
-
-class _Child:
-    """State of one realtime child."""
-
-    def __init__(self, options: ChildOptions, loop: asyncio.AbstractEventLoop) -> None:
-        self.options = options
-        self.loop = loop
-        self.slot = LatestSlot()
-        self.history: list[Message] = []
-        # The history as requests show it (render_for_model, kept up to date on
-        # every commit so no request re-renders it) and its token estimate.
-        self.shown: list[Message] = []
-        self.unmarked: list[int] = []  # shown interrupted answers without marker yet
-        self.history_tokens = 0
-
-        self.tickets: dict[int, asyncio.Future[Outcome]] = {}
-        self.round: _Round | None = None
-        self.loop_task: asyncio.Task[None] | None = None
-        self.critical = 0
-        self.stopped = False
-        self.state = ChildState.IDLE
-        self.rounds = 0
-        self.last_seq = 0
-        self.suppressed_cancels = 0
-        self.interrupted_rounds = 0
-        self.superseded_rounds = 0
-        self.completed_rounds = 0
-        self.failed_rounds = 0
-        self.tool_calls = 0
-        self.first_delta_ms: float | None = None
-        self.teardown: asyncio.Task[int] | None = None  # the one stop/close
-        self.close_requested = False
-        self.carry: list[tuple[int, str]] = []  # superseded inputs to carry over
-        self.last: _Round | None = None  # the most recent round that reached history
-
-    def commit(self, *messages: Message) -> None:
-        """Append to the history (never trimmed in place) and count its tokens."""
-        self.history.extend(messages)
-        for message in messages:
-            self._show(message)
-
-    def amend(self, index: int, message: Message | None) -> None:
-        """Replace (or with None remove) one message: what the user heard changed."""
-        if message is None:
-            del self.history[index]
-        else:
-            self.history[index] = message
-        # Rare (a report after the round ended): render the model's view anew.
-        self.shown = render_for_model(self.history)
-        self.unmarked = []
-        self.history_tokens = sum(message_tokens(m) for m in self.shown)
-
-    def shown_history(self) -> list[Message]:
-        """Return the history as the next request shows it (render_for_model)."""
-        if self.unmarked:
-            shown = self.shown
-            for index in self.unmarked:
-                view = model_view(shown[index])
-                self.history_tokens += message_tokens(view) - message_tokens(
-                    shown[index]
-                )
-                shown[index] = view
-            self.unmarked = []
-        return self.shown
-
-    def _show(self, message: Message) -> None:
-        """Extend the model's view of the history by one message, as render_for_model.
-
-        An interrupted answer gets its marker only when a request needs it: a
-        barge-in commits one, and the cut must stay cheap.
-        """
-        shown = self.shown
-        if shown and joins(shown[-1], message):
-            self.shown_history()
-            self.history_tokens -= message_tokens(shown[-1])
-            view = joined(shown[-1], model_view(message))
-            shown[-1] = view
-        else:
-            view = message
-            if needs_marker(message):
-                self.unmarked.append(len(shown))
-            shown.append(view)
-        self.history_tokens += message_tokens(view)
-
-
-def _stopped() -> Outcome:
-    return Outcome("interrupted", error="stopped")
-
-
-def _settle(future: asyncio.Future[Outcome] | None, outcome: Outcome) -> None:
-    """Resolve a ticket; a caller may have cancelled it meanwhile."""
-    if future is not None and not future.done():
-        future.set_result(outcome)
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -386,7 +172,7 @@ class Kernel:
         self._on_tool_result = on_tool_result
         self._stop_tool_timeout = stop_tool_timeout
         self._archive_limit = archive_limit
-        self._children: dict[str, _Child] = {}
+        self._children: dict[str, Child] = {}
         self._archive: OrderedDict[str, list[Message]] = OrderedDict()
         self._teardowns: set[asyncio.Task[int]] = set()
 
@@ -416,7 +202,7 @@ class Kernel:
         except KernelError as err:
             available = ", ".join(self.channels.realtime_names()) or "none"
             raise type(err)(f"{err}. RT channels: {available}") from err
-        child = _Child(options, asyncio.get_running_loop())
+        child = Child(options, asyncio.get_running_loop())
         # A fresh context: the child must not inherit the context variables of
         # whoever spawned it (e.g. a caller's chat log or trace), since its rounds
         # outlive that caller and serve later callers.
@@ -448,7 +234,7 @@ class Kernel:
         child.tickets[seq] = future
         if voided is not None:
             voided_future = child.tickets.pop(voided.seq, None)
-            self._supersede(child, voided, voided_future, carried_into=seq)
+            child.supersede(voided, voided_future, carried_into=seq)
         self._cut_round(child)
         return Ticket(seq, future)
 
@@ -474,7 +260,7 @@ class Kernel:
         voided = child.slot.withdraw(seq)
         if voided is not None:
             future = child.tickets.pop(seq, None)
-            self._supersede(child, voided, future, carried_into=None)
+            child.supersede(voided, future, carried_into=None)
             return True
         rnd = child.round
         if rnd is not None and rnd.seq == seq and not rnd.finished:
@@ -500,24 +286,14 @@ class Kernel:
         whole answer; a final report of less than that (playback cut, before or
         after the model finished) truncates the answer to what was heard and
         marks it interrupted. Text before tool calls is committed as far as it
-        was heard when its tool group is committed, and not corrected later. Either correction applies only while the round is the
-        child's most recent one and nothing was committed after it: a later round
-        has already built on it otherwise.
+        was heard when its tool group is committed, and not corrected later.
+        Either correction applies only while the round is the child's most
+        recent one and nothing was committed after it: a later round has already
+        built on it otherwise.
         """
         child = self._children.get(child_id)
-        if child is None or child.options.delivery != "acknowledged":
-            return
-        rnd = child.round
-        if rnd is None or rnd.seq != seq:
-            rnd = child.last
-            if rnd is None or rnd.seq != seq:
-                return
-        if rnd.delivery_final:
-            return
-        rnd.delivered = max(rnd.delivered, min(chars, rnd.emitted_len))
-        rnd.delivery_final = final
-        if rnd.status is not None:
-            self._amend(child, rnd)
+        if child is not None:
+            child.acknowledge(seq, chars, final=final)
 
     def record_reply(self, child_id: str, seq: int, text: str) -> None:
         """Record what the adapter told the user after round ``seq`` failed.
@@ -531,75 +307,10 @@ class Kernel:
         text) is ignored.
         """
         child = self._children.get(child_id)
-        rnd = child.last if child is not None else None
-        if (
-            child is None
-            or rnd is None
-            or rnd.seq != seq
-            or rnd.status != "failed"
-            or rnd.replied
-            or len(child.history) != rnd.history_len
-            or not text.strip()
-        ):
-            return
-        rnd.replied = True
-        rnd.tail_start = None  # the partial before the reply is no longer amendable
-        child.commit(Message("assistant", text, failed=True))
-        rnd.history_len = len(child.history)
+        if child is not None:
+            child.record_reply(seq, text)
 
-    def _amend(self, child: _Child, rnd: _Round) -> None:
-        """Make an ended round's last text say what the user heard (see acknowledge)."""
-        if (
-            child.last is not rnd
-            or rnd.tail_start is None
-            or len(child.history) != rnd.history_len
-        ):
-            return
-        heard = min(rnd.delivered, rnd.emitted_len)
-        if rnd.status == "completed" and (
-            not rnd.delivery_final or heard >= rnd.emitted_len
-        ):
-            return  # a completed round was heard in full until told otherwise
-        text = (
-            "".join(rnd.emitted)[rnd.tail_start : heard]
-            if heard > rnd.tail_start
-            else ""
-        )
-        index = rnd.tail_index
-        current = child.history[index] if index is not None else None
-        if current is not None and current.interrupted and current.content == text:
-            return
-        message = Message("assistant", text, interrupted=True) if text else None
-        if index is None:
-            if message is not None:
-                child.commit(message)
-                rnd.tail_index = len(child.history) - 1
-        else:
-            child.amend(index, message)
-            if message is None:
-                rnd.tail_index = None
-        rnd.history_len = len(child.history)
-
-    @staticmethod
-    def _supersede(
-        child: _Child,
-        given: PendingInput | _Round,
-        future: asyncio.Future[Outcome] | None,
-        *,
-        carried_into: int | None,
-    ) -> None:
-        """Settle an input that never reached the model; keep it to carry over.
-
-        ``carried_into`` is the newest input at this moment: it carries this one,
-        or, superseded in turn, carries both on to the next.
-        """
-        if child.options.carry_over:
-            child.carry.append((given.seq, given.text))
-        else:
-            carried_into = None
-        _settle(future, Outcome("superseded", carried_into=carried_into))
-
-    def _cut_round(self, child: _Child) -> None:
+    def _cut_round(self, child: Child) -> None:
         rnd = child.round
         if rnd is None or rnd.task is None or rnd.task.done():
             return
@@ -638,13 +349,13 @@ class Kernel:
         await asyncio.gather(*(asyncio.shield(t) for t in teardowns))
         return len(teardowns)
 
-    def _known(self, child_id: str) -> _Child:
+    def _known(self, child_id: str) -> Child:
         child = self._children.get(child_id)
         if child is None:
             raise KernelError(self._unknown_message(child_id))
         return child
 
-    def _teardown(self, child: _Child, *, close: bool) -> asyncio.Task[int]:
+    def _teardown(self, child: Child, *, close: bool) -> asyncio.Task[int]:
         """Return the one teardown task of a child, starting it on first use."""
         if close:
             child.close_requested = True  # read at the teardown's end: upgrades a stop
@@ -654,7 +365,7 @@ class Kernel:
             child.stopped = True
             pending = child.slot.take()
             if pending is not None:
-                _settle(child.tickets.pop(pending.seq, None), _stopped())
+                settle(child.tickets.pop(pending.seq, None), stopped_outcome())
             task = child.loop.create_task(
                 self._run_teardown(child),
                 name=f"rtvoice teardown {child.options.id}",
@@ -666,7 +377,7 @@ class Kernel:
             child.teardown = task
         return child.teardown
 
-    async def _run_teardown(self, child: _Child) -> int:
+    async def _run_teardown(self, child: Child) -> int:
         try:
             await self._stop_child(child)
         except Exception:
@@ -677,7 +388,7 @@ class Kernel:
         # found the child live has set close_requested by now.
         return self._hand_off(child) if child.close_requested else 0
 
-    async def _stop_child(self, child: _Child) -> None:
+    async def _stop_child(self, child: Child) -> None:
         rnd = child.round
         task = rnd.task if rnd is not None else None
         if rnd is not None and task is not None:
@@ -701,14 +412,14 @@ class Kernel:
             await asyncio.wait((child.loop_task,))
             child.loop_task = None  # break the child <-> loop task cycle
         for future in child.tickets.values():
-            _settle(future, _stopped())
+            settle(future, stopped_outcome())
         child.tickets.clear()
         self._children.pop(child.options.id, None)
         self.channels.report_dangling(child.options.id)
         self._set_state(child, ChildState.IDLE)
         _LOGGER.debug("Realtime child %s stopped", child.options.id)
 
-    def _hand_off(self, child: _Child) -> int:
+    def _hand_off(self, child: Child) -> int:
         count = len(child.history)
         if not count:
             return 0
@@ -789,7 +500,7 @@ class Kernel:
         """Return a page of a transcript as text lines or raw JSON (DESIGN 4.6)."""
         return format_page(self.transcript_page_data(child_id, offset, limit), fmt)
 
-    def _live(self, child_id: str) -> _Child:
+    def _live(self, child_id: str) -> Child:
         child = self._children.get(child_id)
         if child is None or child.stopped:
             raise KernelError(self._unknown_message(child_id))
@@ -802,14 +513,14 @@ class Kernel:
 
     # ── the loop and rounds ────────────────────────────────────────────────
 
-    async def _child_loop(self, child: _Child) -> None:
+    async def _child_loop(self, child: Child) -> None:
         slot = child.slot
         while True:
             await slot.wake.wait()
             pending = slot.take()
             if pending is None:
                 continue
-            rnd = _Round(pending, child.tickets.pop(pending.seq, None))
+            rnd = Round(pending, child.tickets.pop(pending.seq, None))
             child.rounds += 1
             child.last_seq = pending.seq
             child.round = rnd
@@ -826,64 +537,46 @@ class Kernel:
             rnd.task = None
             child.round = None
 
-    def _settle_unstarted(self, child: _Child, rnd: _Round) -> None:
+    def _settle_unstarted(self, child: Child, rnd: Round) -> None:
         """Settle a round whose task was cancelled before it ever ran."""
         if not rnd.finished:
-            self._end_cut(child, rnd)
+            child.end_cut(rnd)
 
-    async def _run_round(self, child: _Child, rnd: _Round) -> None:
+    async def _run_round(self, child: Child, rnd: Round) -> None:
         _CURRENT_CHILD.set(child.options.id)  # the round task has its own context
         try:
             await self._round_body(child, rnd)
         except asyncio.CancelledError:
             if not rnd.finished:
-                self._end_cut(child, rnd)
+                child.end_cut(rnd)
             raise
         except Exception as err:  # noqa: BLE001 - any provider failure ends the round
             self._end_failed(child, rnd, err)
         finally:
             self._set_state(child, ChildState.IDLE)
 
-    async def _round_body(self, child: _Child, rnd: _Round) -> None:
+    async def _round_body(self, child: Child, rnd: Round) -> None:
         specs = self._specs()
         turns = 0
         max_turns = child.options.max_tool_turns
         while True:
             if child.slot.seq > rnd.seq or rnd.interrupt_requested or child.stopped:
-                self._end_cut(child, rnd)
+                child.end_cut(rnd)
                 return
             if not rnd.model_called:
                 rnd.model_called = True
-                self._commit_input(child, rnd)
+                child.commit_input(rnd)
             limit_reached = 0 < max_turns <= turns
             text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
             if not calls:
-                rnd.tail_start = rnd.call_start
-                if text:
-                    child.commit(Message("assistant", text))
-                    rnd.tail_index = len(child.history) - 1
-                self._end_completed(child, rnd)
+                child.commit_answer(rnd, text)
+                child.end_completed(rnd)
                 return
             turns += 1
             await self._run_tools(child, rnd, text, calls, limit_reached=limit_reached)
             if limit_reached:  # the model ignored the tool limit: stop here
-                self._end_completed(child, rnd)
+                child.end_completed(rnd)
                 return
-
-    def _end_completed(self, child: _Child, rnd: _Round) -> None:
-        self._finish(child, rnd, "completed")
-        if rnd.delivery_final:  # playback was cut before the model even finished
-            self._amend(child, rnd)
-        child.completed_rounds += 1
-        _settle(rnd.future, Outcome("completed", "".join(rnd.emitted)))
-
-    @staticmethod
-    def _finish(child: _Child, rnd: _Round, status: OutcomeStatus) -> None:
-        """Mark a round that reached the history as ended and the newest one."""
-        rnd.finished = True
-        rnd.status = status
-        rnd.history_len = len(child.history)
-        child.last = rnd
 
     def _specs(self) -> list[ToolSpec]:
         specs = list(self.tools.specs()) if self.tools is not None else []
@@ -898,7 +591,7 @@ class Kernel:
         sections = self.prompts.render(options.prompt_scope) if self.prompts else ""
         return f"{base}\n\n{sections}" if sections else base
 
-    def _request_messages(self, child: _Child) -> list[Message]:
+    def _request_messages(self, child: Child) -> list[Message]:
         system = Message("system", self._system_prompt(child.options))
         messages = [system, *child.shown_history()]
         window = child.options.context_window
@@ -907,7 +600,7 @@ class Kernel:
         return drop_unpaired_tool_calls(messages)
 
     async def _stream(
-        self, child: _Child, rnd: _Round, tools: list[ToolSpec]
+        self, child: Child, rnd: Round, tools: list[ToolSpec]
     ) -> tuple[str, list[ToolCall]]:
         handler = self.channels.output_handler(child.options.output)
         messages = self._request_messages(child)
@@ -940,7 +633,7 @@ class Kernel:
                 await _run_to_end(aclose())
         return "".join(rnd.turn_text), calls
 
-    async def _emit(self, child: _Child, handler: OutputHandler, text: str) -> None:
+    async def _emit(self, child: Child, handler: OutputHandler, text: str) -> None:
         try:
             result = handler(text)
             if result is not None and inspect.isawaitable(result):
@@ -954,8 +647,8 @@ class Kernel:
 
     async def _run_tools(
         self,
-        child: _Child,
-        rnd: _Round,
+        child: Child,
+        rnd: Round,
         text: str,
         calls: list[ToolCall],
         *,
@@ -976,14 +669,10 @@ class Kernel:
                     self._on_tool_result(child.options.id, call, result)
                 except Exception:
                     _LOGGER.exception("on_tool_result callback failed")
-        child.commit(
-            Message("assistant", self._heard_call_text(child, rnd), tool_calls=calls),
-            *results,
-        )
         rnd.group = None
-        self._call_consumed(rnd)
+        child.commit_group(rnd, calls, results)
 
-    async def _call_tool(self, child: _Child, call: ToolCall) -> str:
+    async def _call_tool(self, child: Child, call: ToolCall) -> str:
         child.tool_calls += 1
         if call.error:
             return json.dumps({"error": call.error})
@@ -1012,7 +701,7 @@ class Kernel:
         self._set_state(child, ChildState.THINKING)
         return text
 
-    def _ask_parent(self, child: _Child, call: ToolCall) -> str:
+    def _ask_parent(self, child: Child, call: ToolCall) -> str:
         text = call.arguments.get("text")
         if not isinstance(text, str) or not text.strip():
             return json.dumps({"error": "ask_parent needs a non-empty 'text' string"})
@@ -1029,108 +718,16 @@ class Kernel:
         child.loop.call_soon(deliver)
         return json.dumps({"delivered": True})
 
-    def _end_cut(self, child: _Child, rnd: _Round) -> None:
-        """Settle a round ended by a newer input, interrupt() or stop."""
-        error = "stopped" if child.stopped else None
-        if not rnd.model_called and (rnd.withdrawn or not rnd.interrupt_requested):
-            # The input never reached the model: superseded, nothing committed.
-            if child.stopped:
-                rnd.finished = True
-                _settle(rnd.future, Outcome("interrupted", error=error))
-                return
-            rnd.finished = True
-            child.slot.dropped += 1
-            child.superseded_rounds += 1
-            newest = child.slot.seq
-            self._supersede(
-                child,
-                rnd,
-                rnd.future,
-                carried_into=newest if newest > rnd.seq else None,
-            )
-            return
-        if not rnd.model_called:
-            self._commit_input(child, rnd)
-        self._commit_partial(child, rnd)
-        self._finish(child, rnd, "interrupted")
-        child.interrupted_rounds += 1
-        _settle(rnd.future, Outcome("interrupted", self._heard_text(child, rnd), error))
-
-    def _commit_input(self, child: _Child, rnd: _Round) -> None:
-        """Commit the round's input, after the inputs it carries over (seq order)."""
-        text = rnd.text
-        if child.carry:
-            carried = sorted(c for c in child.carry if c[0] < rnd.seq)
-            child.carry = [c for c in child.carry if c[0] > rnd.seq]
-            if carried:
-                text = " ".join([*(t for _, t in carried), text])
-        child.commit(Message("user", text))
-
-    def _commit_partial(self, child: _Child, rnd: _Round) -> None:
-        """Commit what a cut round really did: finished tools and delivered text."""
-        if rnd.group is not None:
-            _, calls, results = rnd.group
-            rnd.group = None
-            done = {r.tool_call_id for r in results}
-            finished = [c for c in calls if c.id in done]
-            if finished:
-                heard = self._heard_call_text(child, rnd)
-                child.commit(Message("assistant", heard, tool_calls=finished), *results)
-                self._call_consumed(rnd)
-                return
-        text = self._heard_call_text(child, rnd)
-        rnd.tail_start = rnd.call_start
-        if text:
-            child.commit(Message("assistant", text, interrupted=True))
-            rnd.tail_index = len(child.history) - 1
-        self._call_consumed(rnd)
-
-    @staticmethod
-    def _call_consumed(rnd: _Round) -> None:
-        """Mark the current model call's text as committed (never commit it twice)."""
-        rnd.turn_text = []
-        rnd.call_start = rnd.emitted_len
-
-    @staticmethod
-    def _heard(child: _Child, rnd: _Round) -> int:
-        """Characters of the round's text that reached the user."""
-        if child.options.delivery == "emitted":
-            return rnd.emitted_len
-        return min(rnd.delivered, rnd.emitted_len)
-
-    def _heard_text(self, child: _Child, rnd: _Round) -> str:
-        """Return the round's text as far as it reached the user."""
-        text = "".join(rnd.emitted)
-        heard = self._heard(child, rnd)
-        return text if heard >= len(text) else text[:heard]
-
-    def _heard_call_text(self, child: _Child, rnd: _Round) -> str:
-        """Return the current model call's text as far as it reached the user."""
-        heard = self._heard(child, rnd)
-        if heard <= rnd.call_start:
-            return ""
-        if heard >= rnd.emitted_len:
-            return "".join(rnd.turn_text)
-        return "".join(rnd.emitted)[rnd.call_start : heard]
-
-    def _end_failed(self, child: _Child, rnd: _Round, err: Exception) -> None:
-        if not rnd.model_called:
-            self._commit_input(child, rnd)
-        self._commit_partial(child, rnd)
-        self._finish(child, rnd, "failed")
-        child.failed_rounds += 1
+    def _end_failed(self, child: Child, rnd: Round, err: Exception) -> None:
         error_type = type(err).__name__
         message = str(err) or error_type
         # Debug only: the adapter owns user-facing logging (e.g. once per outage).
         _LOGGER.debug(
             "Round of %s failed: %s: %s", child.options.id, error_type, message
         )
-        _settle(
-            rnd.future,
-            Outcome("failed", self._heard_text(child, rnd), message, error_type),
-        )
+        child.end_failed(rnd, message, error_type)
 
-    def _set_state(self, child: _Child, state: ChildState) -> None:
+    def _set_state(self, child: Child, state: ChildState) -> None:
         if child.state is state:
             return
         child.state = state
