@@ -517,6 +517,8 @@ class Rig:
         self.channels = ChannelRegistry()
         self.outputs: dict[str, OutputRecorder] = {}
         self.closed: list[tuple[str, int, int]] = []
+        self.closed_notifier = Notifier()
+        self.tool_results: list[tuple[str, str, str]] = []  # child, call id, result
         self.asked: list[tuple[str, str]] = []
         self.asked_notifier = Notifier()
         self._ask_hook = ask_parent_hook
@@ -530,10 +532,15 @@ class Rig:
             parent_id=parent_id,
             on_closed=self._on_closed,
             on_ask_parent=self._on_ask_parent if ask_parent else None,
+            on_tool_result=self._on_tool_result,
         )
 
     def _on_closed(self, child_id: str, messages: int, chars: int) -> None:
         self.closed.append((child_id, messages, chars))
+        self.closed_notifier.notify()
+
+    def _on_tool_result(self, child_id: str, tool_call: ToolCall, result: str) -> None:
+        self.tool_results.append((child_id, tool_call.id, result))
 
     def _on_ask_parent(self, child_id: str, text: str) -> None:
         self.asked.append((child_id, text))

@@ -53,19 +53,18 @@ async def test_bad_arguments_are_kernel_errors() -> None:
             rig.kernel.push("c1", "   ")
 
 
-async def test_options_and_request_messages_of_a_child() -> None:
+async def test_a_request_is_the_system_prompt_plus_the_history() -> None:
     """The next request of a child is its system prompt plus its history."""
-    async with Rig(ScriptedProvider([Text("Hi.")])) as rig:
+    async with Rig(ScriptedProvider([Text("Hi.")], [Text("Bye.")])) as rig:
         await rig.spawn("c1", system_prompt="Be brief.")
-        options = rig.kernel.options("c1")
-        assert options is not None and options.system_prompt == "Be brief."
-        assert rig.kernel.options("nobody") is None
         await outcome(rig.kernel.push("c1", "hello"))
-        messages = rig.kernel.request_messages("c1")
+        await outcome(rig.kernel.push("c1", "bye"))
+        messages = rig.provider.calls[1].messages
         assert [(m.role, m.content) for m in messages] == [
             ("system", "Be brief."),
             ("user", "hello"),
             ("assistant", "Hi."),
+            ("user", "bye"),
         ]
 
 
@@ -274,3 +273,72 @@ async def test_barge_ins_leave_no_cyclic_garbage() -> None:
         gc.enable()
         await kernel.stop_all()
     assert leaked == []
+
+
+class _SlowCloseStream:
+    """A stream whose ``aclose`` has to wait (e.g. for the HTTP response to close)."""
+
+    def __init__(self, release: asyncio.Event) -> None:
+        self.release = release
+        self.sent = False
+        self.close_started = asyncio.Event()
+        self.close_finished = asyncio.Event()
+        self.forever = asyncio.Event()
+
+    def __aiter__(self) -> _SlowCloseStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if not self.sent:
+            self.sent = True
+            return Delta(content="Once upon")
+        await self.forever.wait()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.close_started.set()
+        await self.release.wait()  # a second cancel lands here
+        self.close_finished.set()
+
+
+class _SlowCloseProvider:
+    """First call: a stream with a slow ``aclose``; later calls answer at once."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.first = _SlowCloseStream(self.release)
+        self.calls = 0
+
+    def stream(
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> AsyncIterator[Delta]:
+        self.calls += 1
+        if self.calls == 1:
+            return self.first
+        return self._answer()
+
+    async def _answer(self) -> AsyncIterator[Delta]:
+        yield Delta(content="ok")
+
+
+async def test_a_second_cancel_during_stream_cleanup_does_not_skip_aclose() -> None:
+    """A second barge-in while aclose() runs: the close still completes."""
+    provider = _SlowCloseProvider()
+    channels = ChannelRegistry()
+    recorder = OutputRecorder()
+    pair(channels, "c", recorder)
+    kernel = Kernel(provider, channels)
+    await kernel.spawn(ChildOptions("c", "c-in", "c-out"))
+    first = kernel.push("c", "story")
+    await recorder.wait_text("Once upon")
+    kernel.push("c", "stop")  # first cancel: the kernel closes the stream
+    await asyncio.wait_for(provider.first.close_started.wait(), 5)
+    last = kernel.push("c", "no, go on")  # second cancel, during aclose()
+    await asyncio.sleep(0)
+    assert not provider.first.close_finished.is_set()
+    assert provider.calls == 1  # no new round while the old stream still closes
+    provider.release.set()
+    await asyncio.wait_for(provider.first.close_finished.wait(), 5)
+    assert (await outcome(first)).status == "interrupted"
+    assert (await outcome(last)).text == "ok"
+    await kernel.stop_all()

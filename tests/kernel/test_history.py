@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from custom_components.rtvoice.kernel import Message, drop_unpaired_tool_calls
+from custom_components.rtvoice.kernel import (
+    INTERRUPTED_MARKER,
+    Message,
+    drop_unpaired_tool_calls,
+)
+from custom_components.rtvoice.kernel.context import render_for_model
 from tests.kernel.fakes import (
     Rig,
     ScriptedProvider,
@@ -102,7 +107,7 @@ async def test_interrupted_round_commits_user_and_emitted_text_marked() -> None:
         req = provider.calls[1].messages
         assert _shape(req[1:]) == [
             ("user", "first", None, []),
-            ("assistant", "Hello", None, []),
+            ("assistant", "Hello" + INTERRUPTED_MARKER, None, []),
             ("user", "second", None, []),
         ]
         assert req[2].interrupted is True
@@ -327,3 +332,57 @@ async def test_every_request_passes_pairing_check_after_interruptions() -> None:
         assert drop_unpaired_tool_calls(transcript) is transcript
         assert [m.tool_call_id for m in transcript if m.role == "tool"] == ["x1", "x2"]
         _assert_requests_clean(provider.calls)
+
+
+# ----------------------------------------------- interrupted answers for the model
+
+
+async def test_the_model_is_told_where_its_answer_was_cut() -> None:
+    """An interrupted answer carries a marker in requests, and nowhere else."""
+    never = asyncio.Event()
+    provider = ScriptedProvider()
+    provider.on("story", [Text("Once upon "), Text("a time"), WaitFor(never)])
+    provider.on("shorter", [Text("Fine.")])
+    provider.on("again", [Text("Sure.")])
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c1")
+        first = rig.kernel.push("c1", "story")
+        await out.wait_text("a time")
+        second = rig.kernel.push("c1", "shorter")
+        cut = await outcome(first)
+        await outcome(second)
+        await outcome(rig.kernel.push("c1", "again"))
+
+        for request in provider.calls[1:]:
+            assistant = request.messages[2]
+            assert assistant.content == "Once upon a time" + INTERRUPTED_MARKER
+        # the same rendered message (and its cached token estimate) every request
+        state = rig.kernel._children["c1"]  # noqa: SLF001 - the cache is internal
+        view = state.history[1].__dict__["_model_view"][1]
+        assert view.__dict__["_token_cache"][0] is view.content
+        assert INTERRUPTED_MARKER not in cut.text
+        assert INTERRUPTED_MARKER not in out.text
+        assert INTERRUPTED_MARKER not in rig.kernel.transcript_page("c1")
+        assert INTERRUPTED_MARKER not in rig.kernel.transcript_page("c1", fmt="raw")
+        transcript = rig.kernel.transcript("c1")
+        assert transcript is not None
+        assert transcript[1].content == "Once upon a time"
+
+
+def test_render_for_model_joins_a_partial_and_the_failure_reply() -> None:
+    """Roles keep alternating: a heard partial and the reply become one message."""
+    history = [
+        Message("user", "weather"),
+        Message("assistant", "The forecast ", interrupted=True),
+        Message("assistant", "Sorry.", failed=True),
+        Message("user", "again"),
+    ]
+    rendered = render_for_model(history)
+    assert [(m.role, m.content) for m in rendered] == [
+        ("user", "weather"),
+        ("assistant", "The forecast" + INTERRUPTED_MARKER + " Sorry."),
+        ("user", "again"),
+    ]
+    assert history[1].content == "The forecast "  # the history is not touched
+    clean = [Message("user", "a"), Message("assistant", "b")]
+    assert render_for_model(clean) == clean

@@ -8,11 +8,16 @@ Invariants (DESIGN 4.2-4.6, 4.9):
   tool of that child is open);
 * completed inputs are in the history, superseded ones never, users in push order;
 * after ``stop_all`` every ticket is resolved and no task is left behind.
+
+A second test adds lifecycles: tool groups of several calls, stops and closes while
+tool gates are closed (their callers sometimes cancelled), delivery reports and
+carry-over; ``on_closed`` fires exactly once per closed child with its final count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 import itertools
 from typing import Literal
@@ -20,6 +25,7 @@ from typing import Literal
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from custom_components.rtvoice.kernel import (
+    KernelError,
     Message,
     Ticket,
     ToolCall,
@@ -38,6 +44,7 @@ from tests.kernel.fakes import (
     StreamCall,
     Text,
     ToolBehaviour,
+    ToolRecord,
     Tools,
     WaitFor,
     call,
@@ -54,6 +61,7 @@ StepSpec = (
     | tuple[Literal["gate"], int]
     | tuple[Literal["pause"], int]
     | tuple[Literal["tool"], str]
+    | tuple[Literal["tools"], tuple[str, ...]]
 )
 
 _tool_step = st.tuples(
@@ -104,6 +112,13 @@ class World:
                 steps.append(WaitFor(self.gates[int(value)]))
             elif kind == "pause":
                 steps.append(Pause(int(value)))
+            elif kind == "tools":
+                steps.append(
+                    Tools.of(
+                        *(call(f"{child}:{next(self.ids)}", str(n)) for n in value),
+                        content="One moment. ",
+                    )
+                )
             else:
                 steps.append(Tools.of(call(f"{child}:{next(self.ids)}", str(value))))
         return steps
@@ -335,3 +350,222 @@ def test_estimate_tokens_does_not_shrink_when_text_grows(a: str, b: str) -> None
     """Estimate tokens does not shrink when text grows."""
     assert estimate_tokens(a + b) >= estimate_tokens(a)
     assert estimate_tokens(a) >= 0
+
+
+# ---------------------------------------------------------------- lifecycles
+
+_tool_names = st.sampled_from(["fast", "err", *[f"slow{i}" for i in range(GATES)]])
+_group_step = st.tuples(
+    st.just("tools"), st.lists(_tool_names, min_size=2, max_size=3).map(tuple)
+)
+life_step_specs: st.SearchStrategy[StepSpec] = st.one_of(
+    st.tuples(st.just("text"), st.sampled_from(["Hi", " there", ".", "ok"])),
+    st.tuples(st.just("gate"), st.integers(0, GATES - 1)),
+    st.tuples(st.just("pause"), st.integers(1, 3)),
+    _tool_step,
+    _group_step,
+    _group_step,
+)
+life_scripts = st.lists(life_step_specs, min_size=1, max_size=4)
+
+LifeAction = (
+    ActionSpec
+    | tuple[Literal["ack"], str, int, bool]  # child, chars, final
+    | tuple[Literal["stop", "close"], str, int, bool]  # child, yields, cancel caller
+)
+
+life_actions: st.SearchStrategy[LifeAction] = st.one_of(
+    _push,
+    _push,
+    _push,
+    st.tuples(st.just("release"), st.integers(0, GATES - 1)),
+    st.tuples(st.just("yield"), st.integers(1, 6)),
+    st.tuples(st.just("interrupt"), st.sampled_from(CHILDREN)),
+    st.tuples(
+        st.just("ack"), st.sampled_from(CHILDREN), st.integers(0, 30), st.booleans()
+    ),
+    st.tuples(
+        st.sampled_from(["stop", "close"]),
+        st.sampled_from(CHILDREN),
+        st.integers(0, 6),
+        st.booleans(),
+    ),
+)
+
+
+def _words(history: list[Message]) -> list[str]:
+    """Pushed texts in the users' messages (carry-over joins them with spaces)."""
+    return [word for m in history if m.role == "user" for word in m.content.split()]
+
+
+@dataclass
+class Life:
+    """A rig with two children driven by a random plan of lifecycle actions."""
+
+    rig: Rig
+    carry_over: tuple[bool, bool]
+    pushed: dict[str, list[tuple[str, Ticket]]] = field(
+        default_factory=lambda: {name: [] for name in CHILDREN}
+    )
+    closers: list[asyncio.Task[object]] = field(default_factory=list)
+    close_requested: set[str] = field(default_factory=set)
+    counter: itertools.count[int] = field(default_factory=itertools.count)
+
+    async def act(self, action: LifeAction, gates: list[asyncio.Event]) -> None:
+        """Perform one action (actions on a child that is gone are skipped)."""
+        kernel = self.rig.kernel
+        kind, name = action[0], str(action[1])
+        live = name in kernel.children()
+        if kind == "release":
+            gates[int(action[1])].set()
+        elif kind == "yield":
+            await _steps(int(action[1]))
+        elif kind == "ack" and self.pushed[name]:
+            seq = self.pushed[name][-1][1].seq
+            kernel.acknowledge(name, seq, int(action[2]), final=bool(action[3]))
+        elif not live:
+            return
+        elif kind == "push":
+            text = f"{name}-{next(self.counter)}"
+            with contextlib.suppress(KernelError):  # a teardown has begun
+                self.pushed[name].append((text, kernel.push(name, text)))
+            await _steps(int(action[2]))
+        elif kind == "interrupt":
+            with contextlib.suppress(KernelError):
+                kernel.interrupt(name)
+        elif kind in ("stop", "close"):
+            if kind == "close":
+                self.close_requested.add(name)
+            method = kernel.close if kind == "close" else kernel.stop
+            task: asyncio.Task[object] = asyncio.create_task(method(name))
+            self.closers.append(task)
+            await _steps(int(action[2]))
+            if action[3]:
+                task.cancel()
+                event("a stop/close caller was cancelled")
+
+    async def finish(self) -> None:
+        """Close what is left (also joining running teardowns), await every caller."""
+        self.close_requested.update(self.rig.kernel.children())
+        await asyncio.wait_for(self.rig.kernel.close_all(), 15)
+        for task in self.closers:
+            with contextlib.suppress(asyncio.CancelledError, KernelError):
+                await task
+
+    def check_closed(self) -> None:
+        """on_closed fired once per closed child with its final count."""
+        kernel = self.rig.kernel
+        closed_ids = [c[0] for c in self.rig.closed]
+        assert len(closed_ids) == len(set(closed_ids)), "on_closed fired twice"
+        for child_id, messages, _ in self.rig.closed:
+            assert child_id in self.close_requested
+            archived = kernel.transcript(child_id)
+            assert archived is not None and len(archived) == messages
+            _check_history(archived)
+        for name in self.close_requested:
+            assert (name in closed_ids) == bool(kernel.transcript(name))
+
+    def check_tickets(self) -> None:
+        """Every ticket settled; users' words in push order, each once."""
+        for index, name in enumerate(CHILDREN):
+            for _, ticket in self.pushed[name]:
+                assert ticket.outcome.done(), "ticket left open"
+            history = self.rig.kernel.transcript(name)
+            if history is None:
+                continue
+            words = _words(history)
+            order = [text for text, _ in self.pushed[name]]
+            assert len(set(words)) == len(words)
+            positions = [order.index(w) for w in words]
+            assert positions == sorted(positions)
+            for text, ticket in self.pushed[name]:
+                result = ticket.outcome.result()
+                event(f"outcome {result.status}")
+                if result.status == "superseded" and not self.carry_over[index]:
+                    assert text not in words
+                if result.status == "completed":
+                    assert text in words
+
+
+async def _steps(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    scripts_a=st.lists(life_scripts, min_size=1, max_size=5),
+    scripts_b=st.lists(life_scripts, min_size=1, max_size=5),
+    plan=st.lists(life_actions, min_size=2, max_size=16),
+    acknowledged=st.tuples(st.booleans(), st.booleans()),
+    carry_over=st.tuples(st.booleans(), st.booleans()),
+)
+async def test_random_lifecycles_keep_the_invariants(
+    scripts_a: list[list[StepSpec]],
+    scripts_b: list[list[StepSpec]],
+    plan: list[LifeAction],
+    acknowledged: tuple[bool, bool],
+    carry_over: tuple[bool, bool],
+) -> None:
+    """Stops, closes, cancelled callers and delivery reports keep the invariants."""
+    tasks_before = asyncio.all_tasks()
+    gates = [asyncio.Event() for _ in range(GATES)]
+    world = World(gates=gates, scripts={"a": list(scripts_a), "b": list(scripts_b)})
+    tracker = ActivityTracker()
+    provider = ScriptedProvider(
+        default=world.script_for, key=_child_of, tracker=tracker
+    )
+    behaviours = {
+        "fast": ToolBehaviour(result="fast-done"),
+        "err": ToolBehaviour(error=RuntimeError("tool broke")),
+        **{
+            f"slow{i}": ToolBehaviour(result=f"slow{i}-done", gate=gates[i])
+            for i in range(GATES)
+        },
+    }
+    tools = ScriptedToolRunner(
+        behaviours, tracker=tracker, key=lambda c: c.id.split(":", 1)[0]
+    )
+    life = Life(Rig(provider, tools), carry_over)
+    started_after_stop: list[str] = []
+
+    def on_tool_start(record: ToolRecord) -> None:
+        # white box: no tool call may start once its child's stop has begun
+        child = life.rig.kernel._children.get(record.call.id.split(":", 1)[0])  # noqa: SLF001
+        if child is not None and child.stopped:
+            started_after_stop.append(record.call.id)
+
+    tools.on_start = on_tool_start
+    for index, name in enumerate(CHILDREN):
+        await life.rig.spawn(
+            name,
+            system_prompt=f"[{name}]",
+            delivery="acknowledged" if acknowledged[index] else "emitted",
+            carry_over=carry_over[index],
+        )
+    try:
+        for action in plan:
+            await life.act(action, gates)
+            assert tracker.violations == []
+            for name in CHILDREN:
+                history = life.rig.kernel.transcript(name)
+                if history is not None:
+                    _check_history(history)
+    finally:
+        for gate in gates:
+            gate.set()
+        await life.finish()
+
+    assert life.rig.kernel.children() == []
+    assert started_after_stop == []
+    assert asyncio.all_tasks() - tasks_before == set(), "task left behind"
+    assert tracker.violations == []
+    life.check_closed()
+    life.check_tickets()
+    for record in provider.calls:
+        assert drop_unpaired_tool_calls(record.messages) is record.messages

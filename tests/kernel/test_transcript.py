@@ -10,6 +10,7 @@ from custom_components.rtvoice.kernel import (
     KernelError,
     Message,
     ToolCall,
+    TranscriptPage,
     format_transcript,
 )
 from custom_components.rtvoice.kernel.transcript import transcript_page
@@ -240,3 +241,56 @@ def test_page_edges() -> None:
         transcript_page("c1", messages, offset=-1)
     with pytest.raises(KernelError, match="unknown transcript format 'xml'"):
         transcript_page("c1", messages, fmt="xml")  # type: ignore[arg-type]
+
+
+def test_format_transcript_names_the_status_of_an_answer() -> None:
+    """Interrupted and failed answers say so; the raw page carries the flags."""
+    messages = [
+        Message("user", "weather"),
+        Message("assistant", "It is", interrupted=True),
+        Message("assistant", "Sorry.", failed=True),
+        Message("assistant", "Sunny."),
+    ]
+    assert format_transcript(messages).splitlines() == [
+        "[user] weather",
+        "[assistant, interrupted] It is",
+        "[assistant, failed] Sorry.",
+        "[assistant] Sunny.",
+    ]
+    raw = json.loads(transcript_page("c1", messages, fmt="raw"))
+    assert [
+        (m.get("interrupted", False), m.get("failed", False)) for m in raw["messages"]
+    ] == [(False, False), (True, False), (False, True), (False, False)]
+
+
+async def test_structured_page_of_a_live_and_a_closed_child() -> None:
+    """transcript_page_data: the page as data; its messages are copies."""
+    provider = ScriptedProvider(default=[Text("ok")])
+    async with Rig(provider) as rig:
+        await rig.spawn("c1")
+        for text in ("one", "two", "three"):
+            await outcome(rig.kernel.push("c1", text))
+        page = rig.kernel.transcript_page_data("c1", offset=1, limit=2)
+        assert isinstance(page, TranscriptPage)
+        assert (page.id, page.offset, page.total) == ("c1", 1, 6)
+        assert [(m.role, m.content) for m in page.messages] == [
+            ("assistant", "ok"),
+            ("user", "two"),
+        ]
+        page.messages[0].content = "edited"
+        assert rig.kernel.transcript_page_data("c1").messages[1].content == "ok"
+        assert rig.kernel.transcript_page_data("c1", limit=0).total == 6
+        await rig.kernel.close("c1")
+        closed = rig.kernel.transcript_page_data("c1", offset=4)
+        assert [m.content for m in closed.messages] == ["three", "ok"]
+        assert json.loads(rig.kernel.transcript_page("c1", fmt="raw")) == {
+            "id": "c1",
+            "offset": 0,
+            "total": 6,
+            "messages": [
+                {"role": m.role, "content": m.content}
+                for m in rig.kernel.transcript_page_data("c1").messages
+            ],
+        }
+        with pytest.raises(KernelError):
+            rig.kernel.transcript_page_data("ghost")

@@ -1,13 +1,20 @@
 """The realtime kernel of Realtime Voice: pure asyncio, no Home Assistant imports.
 
-Latest input wins, tools are critical sections, output streams delta by delta, and
-the whole conversation is kept and handed off when a child closes. DESIGN §4.
+Latest input wins, tools are critical sections, output streams delta by delta, the
+history holds what the user heard, and the whole conversation is kept and handed off
+when a child closes. DESIGN §4.
 """
 
 from __future__ import annotations
 
 from .channels import Capability, Channel, ChannelDef, ChannelRegistry
-from .context import drop_unpaired_tool_calls, estimate_tokens, trim_to_window
+from .child import ChildOptions, ChildState, ChildStats, Delivery
+from .context import (
+    INTERRUPTED_MARKER,
+    drop_unpaired_tool_calls,
+    estimate_tokens,
+    trim_to_window,
+)
 from .errors import (
     AgentNotRealtimeError,
     ChannelNotRealtimeError,
@@ -18,20 +25,20 @@ from .errors import (
 from .kernel import (
     ASK_PARENT_TOOL,
     DEFAULT_SYSTEM_PROMPT,
-    ChildOptions,
-    ChildState,
-    ChildStats,
+    NOT_RUN_STOPPED,
     Kernel,
     Ticket,
     current_child_id,
 )
 from .prompts import PromptRegistry, PromptSection
-from .transcript import format_transcript
+from .transcript import TranscriptPage, format_transcript
 from .types import ChatProvider, Delta, Message, Outcome, ToolCall, ToolRunner, ToolSpec
 
 __all__ = [
     "ASK_PARENT_TOOL",
     "DEFAULT_SYSTEM_PROMPT",
+    "INTERRUPTED_MARKER",
+    "NOT_RUN_STOPPED",
     "AgentNotRealtimeError",
     "Capability",
     "Channel",
@@ -44,6 +51,7 @@ __all__ = [
     "ChildOptions",
     "ChildState",
     "ChildStats",
+    "Delivery",
     "Delta",
     "Kernel",
     "KernelError",
@@ -55,6 +63,7 @@ __all__ = [
     "ToolCall",
     "ToolRunner",
     "ToolSpec",
+    "TranscriptPage",
     "current_child_id",
     "drop_unpaired_tool_calls",
     "estimate_tokens",

@@ -15,6 +15,11 @@ _LOGGER = logging.getLogger(__name__)
 # Per-message structural overhead (role, separators) in tokens.
 MESSAGE_OVERHEAD_TOKENS = 4
 
+# Put after the heard text of an interrupted answer in requests only: the model
+# learns that it was cut off and where. Never in transcripts, outcomes or speech.
+# ASCII on purpose: the token estimate of pure ASCII text is the fast path.
+INTERRUPTED_MARKER = "... [cut off here: the user heard only this far]"
+
 
 def _is_wide(code: int) -> bool:
     """CJK ideographs, kana, hangul and full-width forms: about one token each."""
@@ -201,4 +206,69 @@ def drop_unpaired_tool_calls(messages: list[Message]) -> list[Message]:
         len(dropped),
         dropped[:8],
     )
+    return out
+
+
+def needs_marker(message: Message) -> bool:
+    """Whether the model is shown ``message`` with :data:`INTERRUPTED_MARKER`."""
+    return message.interrupted and message.role == "assistant" and bool(message.content)
+
+
+def model_view(message: Message) -> Message:
+    """Return a history message as the model is shown it.
+
+    An interrupted assistant answer gets :data:`INTERRUPTED_MARKER` after its heard
+    text; every other message is returned as it is. The view is cached on the
+    message (keyed on its content object), so its token estimate is cached too.
+    """
+    if not needs_marker(message):
+        return message
+    cached = message.__dict__.get("_model_view")
+    if cached is not None and cached[0] is message.content:
+        return cached[1]  # type: ignore[no-any-return]
+    view = Message(
+        "assistant",
+        message.content.rstrip() + INTERRUPTED_MARKER,
+        tool_calls=message.tool_calls,
+        interrupted=True,
+    )
+    message.__dict__["_model_view"] = (message.content, view)
+    return view
+
+
+def joins(previous: Message, view: Message) -> bool:
+    """Whether two consecutive shown messages become one (plain assistant texts)."""
+    return (
+        view.role == "assistant"
+        and previous.role == "assistant"
+        and not view.tool_calls
+        and not previous.tool_calls
+    )
+
+
+def joined(previous: Message, view: Message) -> Message:
+    """Join two consecutive plain assistant messages into one."""
+    return Message(
+        "assistant",
+        f"{previous.content} {view.content}",
+        interrupted=previous.interrupted or view.interrupted,
+        failed=previous.failed or view.failed,
+    )
+
+
+def render_for_model(history: list[Message]) -> list[Message]:
+    """Return ``history`` as the model is shown it (a new list).
+
+    Interrupted answers carry the marker (:func:`model_view`), and consecutive
+    plain assistant messages (a heard partial, then what the user was told when
+    the round failed) are joined into one, since some chat templates insist on
+    alternating roles.
+    """
+    out: list[Message] = []
+    for message in history:
+        view = model_view(message)
+        if out and joins(out[-1], view):
+            out[-1] = joined(out[-1], view)
+        else:
+            out.append(view)
     return out

@@ -5,16 +5,25 @@ takes the newest input and runs one *round* in a task of its own. ``push`` overw
 the slot and cancels the running round at once, unless a tool is running (a critical
 section): then the cancel is suppressed and counted, and the round ends at its next
 check before a model call. Nothing polls and nothing runs while nobody talks.
+
+Stopping or closing a child is one teardown task per child that every caller awaits
+through ``asyncio.shield``: a cancelled caller stops waiting, the teardown still
+completes exactly once. A stop lets a started tool call finish (bounded by
+``stop_tool_timeout``) and answers the calls of its group not yet started with
+"not run".
+
+The history holds what the user heard (DESIGN 4.4): with ``delivery="emitted"``
+every delta handed to the output handler counts; with ``"acknowledged"`` only what
+the output side reports through ``Kernel.acknowledge``. Requests show the model an
+interrupted answer with a marker where it was cut.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import Context, ContextVar
-from dataclasses import dataclass, replace
-import enum
 import inspect
 import json
 import logging
@@ -22,11 +31,26 @@ import time
 from typing import Any, Literal
 
 from .channels import ChannelRegistry, OutputHandler
+from .child import (
+    Child,
+    ChildOptions,
+    ChildState,
+    ChildStats,
+    Round,
+    settle,
+    stopped_outcome,
+)
 from .context import drop_unpaired_tool_calls, message_tokens, trim_to_window
 from .errors import AgentNotRealtimeError, KernelError
 from .prompts import PromptRegistry
-from .slot import LatestSlot, PendingInput
-from .transcript import DEFAULT_PAGE_LIMIT, format_transcript, transcript_page
+from .transcript import (
+    DEFAULT_PAGE_LIMIT,
+    TranscriptPage,
+    copy_message,
+    format_page,
+    format_transcript,
+    page_of,
+)
 from .types import ChatProvider, Message, Outcome, ToolCall, ToolRunner, ToolSpec
 
 _LOGGER = logging.getLogger(__name__)
@@ -63,29 +87,8 @@ def current_child_id() -> str | None:
 
 
 STOP_TOOL_TIMEOUT = 10.0
+NOT_RUN_STOPPED = json.dumps({"error": "not run: conversation stopped"})
 ARCHIVE_LIMIT = 64
-
-
-class ChildState(enum.StrEnum):
-    """What a child is doing, for sensors and diagnostics."""
-
-    IDLE = "idle"
-    THINKING = "thinking"
-    SPEAKING = "speaking"
-    TOOL = "tool"
-
-
-@dataclass
-class ChildOptions:
-    """How to spawn a realtime child."""
-
-    id: str
-    input: str
-    output: str
-    system_prompt: str = ""
-    max_tool_turns: int = 0  # 0 = unlimited: a call is an ongoing dialogue
-    context_window: int = 8000
-    prompt_scope: str | None = None
 
 
 class Ticket:
@@ -103,112 +106,31 @@ class Ticket:
         return f"Ticket(seq={self.seq}, done={self.outcome.done()})"
 
 
-@dataclass
-class ChildStats:
-    """Counters of one child."""
-
-    id: str
-    rounds: int
-    last_seq: int
-    dropped: int
-    pending: bool
-    suppressed_cancels: int
-    interrupted_rounds: int
-    superseded_rounds: int
-    tool_calls: int
-    completed_rounds: int = 0
-    failed_rounds: int = 0
-    state: str = ChildState.IDLE
-    first_delta_ms: float | None = None  # last round: input pushed -> first delta
-    messages: int = 0
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
-class _Round:
-    """One round: the input it answers and what it has done so far."""
+async def _run_to_end(cleanup: Awaitable[Any]) -> None:
+    """Await ``cleanup`` to its end, even through further cancels of the caller.
 
-    __slots__ = (
-        "emitted",
-        "finished",
-        "first_delta",
-        "future",
-        "group",
-        "interrupt_requested",
-        "model_called",
-        "pushed_at",
-        "seq",
-        "task",
-        "text",
-        "turn_text",
-        "withdrawn",
-    )
-
-    def __init__(
-        self, pending: PendingInput, future: asyncio.Future[Outcome] | None
-    ) -> None:
-        self.text = pending.text
-        self.seq = pending.seq
-        self.pushed_at = pending.pushed_at
-        self.future = future
-        self.task: asyncio.Task[None] | None = None
-        self.model_called = False
-        self.interrupt_requested = False
-        self.withdrawn = False  # its caller took the input back (see Kernel.withdraw)
-        self.emitted: list[str] = []  # every delta of the round
-        self.turn_text: list[str] = []  # deltas of the current model call
-        self.first_delta = True
-        self.finished = False  # its outcome has been settled
-        # The tool group being executed: (assistant text, calls, finished results).
-        self.group: tuple[str, list[ToolCall], list[Message]] | None = None
-
-
-class _Child:
-    """State of one realtime child."""
-
-    def __init__(self, options: ChildOptions, loop: asyncio.AbstractEventLoop) -> None:
-        self.options = options
-        self.loop = loop
-        self.slot = LatestSlot()
-        self.history: list[Message] = []
-        self.history_tokens = 0  # running estimate of the whole history
-
-        self.tickets: dict[int, asyncio.Future[Outcome]] = {}
-        self.round: _Round | None = None
-        self.loop_task: asyncio.Task[None] | None = None
-        self.critical = 0
-        self.tool_idle = asyncio.Event()
-        self.tool_idle.set()
-        self.stopped = False
-        self.state = ChildState.IDLE
-        self.rounds = 0
-        self.last_seq = 0
-        self.suppressed_cancels = 0
-        self.interrupted_rounds = 0
-        self.superseded_rounds = 0
-        self.completed_rounds = 0
-        self.failed_rounds = 0
-        self.tool_calls = 0
-        self.first_delta_ms: float | None = None
-
-    def commit(self, *messages: Message) -> None:
-        """Append to the history (never trimmed in place) and count its tokens."""
-        self.history.extend(messages)
-        for message in messages:
-            self.history_tokens += message_tokens(message)
-
-
-def _settle(future: asyncio.Future[Outcome] | None, outcome: Outcome) -> None:
-    """Resolve a ticket; a caller may have cancelled it meanwhile."""
-    if future is not None and not future.done():
-        future.set_result(outcome)
-
-
-def _copy_message(message: Message) -> Message:
-    return replace(
-        message,
-        tool_calls=[replace(c, arguments=dict(c.arguments)) for c in message.tool_calls]
-        if message.tool_calls
-        else None,
-    )
+    A stream's ``aclose`` releases its HTTP response: a second barge-in arriving
+    while it runs must not skip that. The cleanup starts eagerly (a finished stream
+    closes without a scheduling step); if it has to wait, it runs in a task of its
+    own, and a cancel of the caller is re-raised only once it has ended.
+    """
+    loop = asyncio.get_running_loop()
+    task: asyncio.Task[Any] = asyncio.Task(_await(cleanup), loop=loop, eager_start=True)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
 
 
 class Kernel:
@@ -225,10 +147,20 @@ class Kernel:
         on_closed: Callable[[str, int, int], None] | None = None,
         on_ask_parent: Callable[[str, str], None] | None = None,
         on_state: Callable[[str, str], None] | None = None,
+        on_tool_result: Callable[[str, ToolCall, str], None] | None = None,
         stop_tool_timeout: float = STOP_TOOL_TIMEOUT,
         archive_limit: int = ARCHIVE_LIMIT,
     ) -> None:
-        """Create a kernel; ``on_state(child_id, state)`` reports state changes."""
+        """Create a kernel for one parent.
+
+        ``on_closed(child_id, messages, chars)`` follows every hand-off,
+        ``on_ask_parent(child_id, text)`` delivers the ask_parent tool,
+        ``on_state(child_id, state)`` reports state changes and
+        ``on_tool_result(child_id, call, result)`` follows every tool result
+        (also calls answered without running, e.g. "not run" after a stop).
+        Callbacks run in the event loop and must not block; their errors are
+        logged, never raised into a round.
+        """
         self.provider = provider
         self.channels = channels
         self.tools = tools
@@ -237,10 +169,12 @@ class Kernel:
         self._on_closed = on_closed
         self._on_ask_parent = on_ask_parent
         self._on_state = on_state
+        self._on_tool_result = on_tool_result
         self._stop_tool_timeout = stop_tool_timeout
         self._archive_limit = archive_limit
-        self._children: dict[str, _Child] = {}
+        self._children: dict[str, Child] = {}
         self._archive: OrderedDict[str, list[Message]] = OrderedDict()
+        self._teardowns: set[asyncio.Task[int]] = set()
 
     # ── lifecycle ──────────────────────────────────────────────────────────
 
@@ -268,7 +202,7 @@ class Kernel:
         except KernelError as err:
             available = ", ".join(self.channels.realtime_names()) or "none"
             raise type(err)(f"{err}. RT channels: {available}") from err
-        child = _Child(options, asyncio.get_running_loop())
+        child = Child(options, asyncio.get_running_loop())
         # A fresh context: the child must not inherit the context variables of
         # whoever spawned it (e.g. a caller's chat log or trace), since its rounds
         # outlive that caller and serve later callers.
@@ -299,7 +233,8 @@ class Kernel:
         future: asyncio.Future[Outcome] = child.loop.create_future()
         child.tickets[seq] = future
         if voided is not None:
-            _settle(child.tickets.pop(voided.seq, None), Outcome("superseded"))
+            voided_future = child.tickets.pop(voided.seq, None)
+            child.supersede(voided, voided_future, carried_into=seq)
         self._cut_round(child)
         return Ticket(seq, future)
 
@@ -324,7 +259,8 @@ class Kernel:
         child = self._live(child_id)
         voided = child.slot.withdraw(seq)
         if voided is not None:
-            _settle(child.tickets.pop(seq, None), Outcome("superseded"))
+            future = child.tickets.pop(seq, None)
+            child.supersede(voided, future, carried_into=None)
             return True
         rnd = child.round
         if rnd is not None and rnd.seq == seq and not rnd.finished:
@@ -332,7 +268,49 @@ class Kernel:
             return self.interrupt(child_id)
         return False
 
-    def _cut_round(self, child: _Child) -> None:
+    def acknowledge(
+        self, child_id: str, seq: int, chars: int, *, final: bool = False
+    ) -> None:
+        """Report that the first ``chars`` characters of round ``seq`` reached the user.
+
+        Counts the round's emitted text: every delta of the round concatenated,
+        across its model calls. Only for children spawned with
+        ``delivery="acknowledged"`` (otherwise every emitted delta counts and this
+        does nothing). Cumulative and monotonic (a smaller count changes nothing),
+        idempotent; an unknown child or seq is ignored, so an output side may
+        report after the round or the child ended. ``final=True``: nothing more of
+        this round will be delivered (playback was cut); later reports are ignored.
+
+        A cut round commits only the delivered part of its cut model call; a report
+        arriving after the commit still corrects it. A completed round commits its
+        whole answer; a final report of less than that (playback cut, before or
+        after the model finished) truncates the answer to what was heard and
+        marks it interrupted. Text before tool calls is committed as far as it
+        was heard when its tool group is committed, and not corrected later.
+        Either correction applies only while the round is the child's most
+        recent one and nothing was committed after it: a later round has already
+        built on it otherwise.
+        """
+        child = self._children.get(child_id)
+        if child is not None:
+            child.acknowledge(seq, chars, final=final)
+
+    def record_reply(self, child_id: str, seq: int, text: str) -> None:
+        """Record what the adapter told the user after round ``seq`` failed.
+
+        A failed round commits the user input, its completed tool groups and only
+        the delivered part of its partial answer, never the unheard rest; what
+        the user was told instead (e.g. a spoken apology) is committed here as an
+        assistant message with ``failed=True``. Once per failed round, and only
+        while it is the child's most recent round with nothing committed after
+        it; anything else (unknown child or seq, a round that did not fail, empty
+        text) is ignored.
+        """
+        child = self._children.get(child_id)
+        if child is not None:
+            child.record_reply(seq, text)
+
+    def _cut_round(self, child: Child) -> None:
         rnd = child.round
         if rnd is None or rnd.task is None or rnd.task.done():
             return
@@ -342,71 +320,106 @@ class Kernel:
             rnd.task.cancel()
 
     async def stop(self, child_id: str) -> None:
-        """Stop a child; a running tool gets a bounded time to finish first."""
-        child = self._children.get(child_id)
-        if child is None:
-            raise KernelError(self._unknown_message(child_id))
-        await self._stop_child(child)
+        """Stop a child; a running tool gets a bounded time to finish first.
+
+        The teardown runs in a task of its own, shielded from the caller: a caller
+        cancelled while it waits stops waiting, the teardown still completes.
+        """
+        await asyncio.shield(self._teardown(self._known(child_id), close=False))
 
     async def close(self, child_id: str) -> int:
-        """Stop a child and hand its transcript off; returns its message count."""
-        child = self._children.get(child_id)
-        if child is None:
-            raise KernelError(self._unknown_message(child_id))
-        await self._stop_child(child)
-        return self._hand_off(child)
+        """Stop a child and hand its transcript off; returns its message count.
+
+        Every stop and close of one child awaits the same shielded teardown: a close
+        that arrives while a stop's teardown runs makes it hand off at its end, two
+        closes return the same count and ``on_closed`` fires once.
+        """
+        return await asyncio.shield(self._teardown(self._known(child_id), close=True))
 
     async def stop_all(self) -> int:
         """Stop every child; returns how many were stopped."""
-        children = list(self._children.values())
-        await asyncio.gather(*(self._stop_child(c) for c in children))
-        return len(children)
+        return await self._teardown_all(close=False)
 
     async def close_all(self) -> int:
         """Close every child with hand-off; returns how many were closed."""
-        children = list(self._children.values())
-        await asyncio.gather(*(self._stop_child(c) for c in children))
-        for child in children:
-            self._hand_off(child)
-        return len(children)
+        return await self._teardown_all(close=True)
 
-    async def _stop_child(self, child: _Child) -> None:
-        if child.stopped:
-            return
-        child.stopped = True
-        stopped = Outcome("interrupted", error="stopped")
-        pending = child.slot.take()
-        if pending is not None:
-            _settle(child.tickets.pop(pending.seq, None), stopped)
+    async def _teardown_all(self, *, close: bool) -> int:
+        teardowns = [self._teardown(c, close=close) for c in self._children.values()]
+        await asyncio.gather(*(asyncio.shield(t) for t in teardowns))
+        return len(teardowns)
+
+    def _known(self, child_id: str) -> Child:
+        child = self._children.get(child_id)
+        if child is None:
+            raise KernelError(self._unknown_message(child_id))
+        return child
+
+    def _teardown(self, child: Child, *, close: bool) -> asyncio.Task[int]:
+        """Return the one teardown task of a child, starting it on first use."""
+        if close:
+            child.close_requested = True  # read at the teardown's end: upgrades a stop
+        if child.teardown is None:
+            # Stopped from this very moment: no new input, no new tool call, and the
+            # input waiting in the slot never runs.
+            child.stopped = True
+            pending = child.slot.take()
+            if pending is not None:
+                settle(child.tickets.pop(pending.seq, None), stopped_outcome())
+            task = child.loop.create_task(
+                self._run_teardown(child),
+                name=f"rtvoice teardown {child.options.id}",
+                context=Context(),
+            )
+            # Strong references until it ends: no caller may be left to hold it.
+            self._teardowns.add(task)
+            task.add_done_callback(self._teardowns.discard)
+            child.teardown = task
+        return child.teardown
+
+    async def _run_teardown(self, child: Child) -> int:
+        try:
+            await self._stop_child(child)
+        except Exception:
+            # Never expected; a teardown nobody awaits any more must still log it.
+            _LOGGER.exception("Stopping realtime child %s failed", child.options.id)
+            self._children.pop(child.options.id, None)
+        # No await between leaving the children and this check: every close that
+        # found the child live has set close_requested by now.
+        return self._hand_off(child) if child.close_requested else 0
+
+    async def _stop_child(self, child: Child) -> None:
         rnd = child.round
-        if rnd is not None and rnd.task is not None:
+        task = rnd.task if rnd is not None else None
+        if rnd is not None and task is not None:
             if child.critical > 0:
-                try:
-                    await asyncio.wait_for(
-                        child.tool_idle.wait(), self._stop_tool_timeout
-                    )
-                except TimeoutError:
+                # A started tool call is never cut: the round answers the calls of
+                # its group not yet started with "not run" and ends at its next
+                # check. Only the deadline cancels a call that is still running.
+                done, _ = await asyncio.wait((task,), timeout=self._stop_tool_timeout)
+                if not done:
                     _LOGGER.warning(
-                        "Child %s: tool still running after %.0f s, cancelling it",
+                        "Child %s: tool still running %.0f s after the stop,"
+                        " cancelling it",
                         child.options.id,
                         self._stop_tool_timeout,
                     )
-            rnd.task.cancel()
-            await asyncio.wait((rnd.task,))
+            task.cancel()
+            await asyncio.wait((task,))
             self._settle_unstarted(child, rnd)
         if child.loop_task is not None:
             child.loop_task.cancel()
             await asyncio.wait((child.loop_task,))
             child.loop_task = None  # break the child <-> loop task cycle
         for future in child.tickets.values():
-            _settle(future, stopped)
+            settle(future, stopped_outcome())
         child.tickets.clear()
         self._children.pop(child.options.id, None)
         self.channels.report_dangling(child.options.id)
         self._set_state(child, ChildState.IDLE)
         _LOGGER.debug("Realtime child %s stopped", child.options.id)
 
-    def _hand_off(self, child: _Child) -> int:
+    def _hand_off(self, child: Child) -> int:
         count = len(child.history)
         if not count:
             return 0
@@ -451,22 +464,31 @@ class Kernel:
             messages=len(child.history),
         )
 
-    def options(self, child_id: str) -> ChildOptions | None:
-        """Return the options a live child was spawned with."""
-        child = self._children.get(child_id)
-        return child.options if child is not None else None
-
     def transcript(self, child_id: str) -> list[Message] | None:
         """Return the full history of a live or archived child (a copy), or None."""
         child = self._children.get(child_id)
         history = child.history if child is not None else self._archive.get(child_id)
         if history is None:
             return None
-        return [_copy_message(m) for m in history]
+        return [copy_message(m) for m in history]
 
     def archived(self) -> list[str]:
         """Ids of closed children whose transcript is kept."""
         return list(self._archive)
+
+    def transcript_page_data(
+        self, child_id: str, offset: int = 0, limit: int = DEFAULT_PAGE_LIMIT
+    ) -> TranscriptPage:
+        """Return a page of a live or archived transcript (copies of its messages).
+
+        KernelError for an unknown id or a negative offset; a limit <= 0 means the
+        default (40).
+        """
+        child = self._children.get(child_id)
+        history = child.history if child is not None else self._archive.get(child_id)
+        if history is None:
+            raise KernelError(self._unknown_message(child_id))
+        return page_of(child_id, history, offset, limit)
 
     def transcript_page(
         self,
@@ -475,33 +497,30 @@ class Kernel:
         limit: int = DEFAULT_PAGE_LIMIT,
         fmt: Literal["text", "raw"] = "text",
     ) -> str:
-        """Return a page of a transcript; KernelError for an unknown id."""
-        child = self._children.get(child_id)
-        history = child.history if child is not None else self._archive.get(child_id)
-        if history is None:
-            raise KernelError(self._unknown_message(child_id))
-        return transcript_page(child_id, history, offset, limit, fmt)
+        """Return a page of a transcript as text lines or raw JSON (DESIGN 4.6)."""
+        return format_page(self.transcript_page_data(child_id, offset, limit), fmt)
 
-    def _live(self, child_id: str) -> _Child:
+    def _live(self, child_id: str) -> Child:
         child = self._children.get(child_id)
         if child is None or child.stopped:
             raise KernelError(self._unknown_message(child_id))
         return child
 
-    def _unknown_message(self, child_id: str) -> str:
-        known = ", ".join(sorted({*self._children, *self._archive})) or "none"
-        return f"no realtime child {child_id!r} (known: {known})"
+    @staticmethod
+    def _unknown_message(child_id: str) -> str:
+        # Never list the other ids: they are other people's conversations.
+        return f"no realtime child {child_id!r}"
 
     # ── the loop and rounds ────────────────────────────────────────────────
 
-    async def _child_loop(self, child: _Child) -> None:
+    async def _child_loop(self, child: Child) -> None:
         slot = child.slot
         while True:
             await slot.wake.wait()
             pending = slot.take()
             if pending is None:
                 continue
-            rnd = _Round(pending, child.tickets.pop(pending.seq, None))
+            rnd = Round(pending, child.tickets.pop(pending.seq, None))
             child.rounds += 1
             child.last_seq = pending.seq
             child.round = rnd
@@ -518,53 +537,46 @@ class Kernel:
             rnd.task = None
             child.round = None
 
-    def _settle_unstarted(self, child: _Child, rnd: _Round) -> None:
+    def _settle_unstarted(self, child: Child, rnd: Round) -> None:
         """Settle a round whose task was cancelled before it ever ran."""
         if not rnd.finished:
-            self._end_cut(child, rnd)
+            child.end_cut(rnd)
 
-    async def _run_round(self, child: _Child, rnd: _Round) -> None:
+    async def _run_round(self, child: Child, rnd: Round) -> None:
         _CURRENT_CHILD.set(child.options.id)  # the round task has its own context
         try:
             await self._round_body(child, rnd)
         except asyncio.CancelledError:
             if not rnd.finished:
-                self._end_cut(child, rnd)
+                child.end_cut(rnd)
             raise
         except Exception as err:  # noqa: BLE001 - any provider failure ends the round
             self._end_failed(child, rnd, err)
         finally:
             self._set_state(child, ChildState.IDLE)
 
-    async def _round_body(self, child: _Child, rnd: _Round) -> None:
+    async def _round_body(self, child: Child, rnd: Round) -> None:
         specs = self._specs()
         turns = 0
         max_turns = child.options.max_tool_turns
         while True:
             if child.slot.seq > rnd.seq or rnd.interrupt_requested or child.stopped:
-                self._end_cut(child, rnd)
+                child.end_cut(rnd)
                 return
             if not rnd.model_called:
                 rnd.model_called = True
-                child.commit(Message("user", rnd.text))
+                child.commit_input(rnd)
             limit_reached = 0 < max_turns <= turns
             text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
             if not calls:
-                if text:
-                    child.commit(Message("assistant", text))
-                rnd.turn_text = []
-                self._end_completed(child, rnd)
+                child.commit_answer(rnd, text)
+                child.end_completed(rnd)
                 return
             turns += 1
             await self._run_tools(child, rnd, text, calls, limit_reached=limit_reached)
             if limit_reached:  # the model ignored the tool limit: stop here
-                self._end_completed(child, rnd)
+                child.end_completed(rnd)
                 return
-
-    def _end_completed(self, child: _Child, rnd: _Round) -> None:
-        rnd.finished = True
-        child.completed_rounds += 1
-        _settle(rnd.future, Outcome("completed", "".join(rnd.emitted)))
 
     def _specs(self) -> list[ToolSpec]:
         specs = list(self.tools.specs()) if self.tools is not None else []
@@ -573,31 +585,28 @@ class Kernel:
             specs.append(ASK_PARENT_SPEC)
         return specs
 
-    def system_prompt(self, options: ChildOptions) -> str:
+    def _system_prompt(self, options: ChildOptions) -> str:
         """Return the system message of a child's next request."""
         base = options.system_prompt.strip() or DEFAULT_SYSTEM_PROMPT
         sections = self.prompts.render(options.prompt_scope) if self.prompts else ""
         return f"{base}\n\n{sections}" if sections else base
 
-    def request_messages(self, child_id: str) -> list[Message]:
-        """Return what the next model call of a live child would send."""
-        return self._request_messages(self._live(child_id))
-
-    def _request_messages(self, child: _Child) -> list[Message]:
-        system = Message("system", self.system_prompt(child.options))
-        messages = [system, *child.history]
+    def _request_messages(self, child: Child) -> list[Message]:
+        system = Message("system", self._system_prompt(child.options))
+        messages = [system, *child.shown_history()]
         window = child.options.context_window
         if message_tokens(system) + child.history_tokens > window:
             messages = trim_to_window(messages, window)  # whole groups, a new list
         return drop_unpaired_tool_calls(messages)
 
     async def _stream(
-        self, child: _Child, rnd: _Round, tools: list[ToolSpec]
+        self, child: Child, rnd: Round, tools: list[ToolSpec]
     ) -> tuple[str, list[ToolCall]]:
         handler = self.channels.output_handler(child.options.output)
         messages = self._request_messages(child)
         calls: list[ToolCall] = []
         rnd.turn_text = []
+        rnd.call_start = rnd.emitted_len
         self._set_state(child, ChildState.THINKING)
         stream = self.provider.stream(messages, tools)
         try:
@@ -611,17 +620,20 @@ class Kernel:
                         self._set_state(child, ChildState.SPEAKING)
                     rnd.turn_text.append(delta.content)
                     rnd.emitted.append(delta.content)
+                    rnd.emitted_len += len(delta.content)
                     if handler is not None:
                         await self._emit(child, handler, delta.content)
                 if delta.tool_calls:
                     calls.extend(delta.tool_calls)
         finally:
+            # An async generator that already ended (ag_frame None: exhausted,
+            # or its own cleanup ran when the cancel landed inside it) needs none.
             aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            if aclose is not None and getattr(stream, "ag_frame", True) is not None:
+                await _run_to_end(aclose())
         return "".join(rnd.turn_text), calls
 
-    async def _emit(self, child: _Child, handler: OutputHandler, text: str) -> None:
+    async def _emit(self, child: Child, handler: OutputHandler, text: str) -> None:
         try:
             result = handler(text)
             if result is not None and inspect.isawaitable(result):
@@ -635,8 +647,8 @@ class Kernel:
 
     async def _run_tools(
         self,
-        child: _Child,
-        rnd: _Round,
+        child: Child,
+        rnd: Round,
         text: str,
         calls: list[ToolCall],
         *,
@@ -647,14 +659,20 @@ class Kernel:
         for call in calls:
             if limit_reached:
                 result = json.dumps({"error": "tool turn limit reached; not run"})
+            elif child.stopped:  # a stop began during the group: start nothing new
+                result = NOT_RUN_STOPPED
             else:
                 result = await self._call_tool(child, call)
             results.append(Message("tool", result, tool_call_id=call.id))
-        child.commit(Message("assistant", text, tool_calls=calls), *results)
+            if self._on_tool_result is not None:
+                try:
+                    self._on_tool_result(child.options.id, call, result)
+                except Exception:
+                    _LOGGER.exception("on_tool_result callback failed")
         rnd.group = None
-        rnd.turn_text = []
+        child.commit_group(rnd, calls, results)
 
-    async def _call_tool(self, child: _Child, call: ToolCall) -> str:
+    async def _call_tool(self, child: Child, call: ToolCall) -> str:
         child.tool_calls += 1
         if call.error:
             return json.dumps({"error": call.error})
@@ -663,7 +681,6 @@ class Kernel:
         if self.tools is None:
             return json.dumps({"error": f"unknown tool {call.name!r}"})
         child.critical += 1
-        child.tool_idle.clear()
         self._set_state(child, ChildState.TOOL)
         try:
             result: Any = await self.tools.call(call)
@@ -680,13 +697,11 @@ class Kernel:
             )
         finally:
             child.critical -= 1
-            if child.critical == 0:
-                child.tool_idle.set()
         text = result if isinstance(result, str) else json.dumps(result, default=str)
         self._set_state(child, ChildState.THINKING)
         return text
 
-    def _ask_parent(self, child: _Child, call: ToolCall) -> str:
+    def _ask_parent(self, child: Child, call: ToolCall) -> str:
         text = call.arguments.get("text")
         if not isinstance(text, str) or not text.strip():
             return json.dumps({"error": "ask_parent needs a non-empty 'text' string"})
@@ -703,58 +718,16 @@ class Kernel:
         child.loop.call_soon(deliver)
         return json.dumps({"delivered": True})
 
-    def _end_cut(self, child: _Child, rnd: _Round) -> None:
-        """Settle a round ended by a newer input, interrupt() or stop."""
-        rnd.finished = True
-        error = "stopped" if child.stopped else None
-        if not rnd.model_called and (rnd.withdrawn or not rnd.interrupt_requested):
-            # The input never reached the model: superseded, nothing committed.
-            if child.stopped:
-                _settle(rnd.future, Outcome("interrupted", error=error))
-                return
-            child.slot.dropped += 1
-            child.superseded_rounds += 1
-            _settle(rnd.future, Outcome("superseded"))
-            return
-        if not rnd.model_called:
-            child.commit(Message("user", rnd.text))
-        self._commit_partial(child, rnd)
-        child.interrupted_rounds += 1
-        _settle(rnd.future, Outcome("interrupted", "".join(rnd.emitted), error))
-
-    def _commit_partial(self, child: _Child, rnd: _Round) -> None:
-        """Commit what a cut round really did: finished tools and emitted text."""
-        if rnd.group is not None:
-            text, calls, results = rnd.group
-            rnd.group = None
-            done = {r.tool_call_id for r in results}
-            finished = [c for c in calls if c.id in done]
-            if finished:
-                child.commit(Message("assistant", text, tool_calls=finished), *results)
-                rnd.turn_text = []
-                return
-        text = "".join(rnd.turn_text)
-        rnd.turn_text = []
-        if text:
-            child.commit(Message("assistant", text, interrupted=True))
-
-    def _end_failed(self, child: _Child, rnd: _Round, err: Exception) -> None:
-        rnd.finished = True
-        if not rnd.model_called:
-            child.commit(Message("user", rnd.text))
-        self._commit_partial(child, rnd)
-        child.failed_rounds += 1
+    def _end_failed(self, child: Child, rnd: Round, err: Exception) -> None:
         error_type = type(err).__name__
         message = str(err) or error_type
         # Debug only: the adapter owns user-facing logging (e.g. once per outage).
         _LOGGER.debug(
             "Round of %s failed: %s: %s", child.options.id, error_type, message
         )
-        _settle(
-            rnd.future, Outcome("failed", "".join(rnd.emitted), message, error_type)
-        )
+        child.end_failed(rnd, message, error_type)
 
-    def _set_state(self, child: _Child, state: ChildState) -> None:
+    def _set_state(self, child: Child, state: ChildState) -> None:
         if child.state is state:
             return
         child.state = state

@@ -31,7 +31,10 @@ class Message:
     content: str = ""
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant answer cut off where the user stopped hearing it.
     interrupted: bool = False
+    # What the user was told when a round failed (e.g. an apology), not the model.
+    failed: bool = False
 
 
 @dataclass
@@ -87,10 +90,13 @@ class Outcome:
     """How the round for one pushed input ended.
 
     A failed round carries the error's message and the name of its type
-    (``error_type``, e.g. ``ProviderConnectionError``).
+    (``error_type``, e.g. ``ProviderConnectionError``). A superseded input of a
+    child with ``carry_over`` names the input that carries it on
+    (``carried_into``, a seq; None when no newer input exists yet).
     """
 
     status: OutcomeStatus
     text: str = ""
     error: str | None = None
     error_type: str | None = None
+    carried_into: int | None = None
