@@ -26,7 +26,7 @@ from .const import CONF_AGENT_ID, DEFAULT_AGENT_ID, DOMAIN
 from .kernel import Delta, Message, ToolCall, ToolSpec, current_child_id
 from .kernel.openai_provider import ProviderError
 from .speech import split_speech
-from .tools import ToolResultHook, error_text, report_tool_result
+from .tools import error_text
 from .turn import Turns
 
 _LOGGER = logging.getLogger(__name__)
@@ -116,7 +116,6 @@ class HaAgentToolRunner:
         """Create the runner for ``agent_id``."""
         self.hass = hass
         self.agent_id = agent_id
-        self.on_tool_result: ToolResultHook | None = None
         self._turns = turns
 
     def specs(self) -> list[ToolSpec]:
@@ -125,10 +124,7 @@ class HaAgentToolRunner:
 
     async def call(self, call: ToolCall) -> str:
         """Hand the text to the agent; return its speech as JSON."""
-        child_id = current_child_id()
-        result = await self._call(child_id, call)
-        report_tool_result(self.on_tool_result, child_id, call, result)
-        return result
+        return await self._call(current_child_id(), call)
 
     async def _call(self, child_id: str | None, call: ToolCall) -> str:
         if call.name != HA_ASSIST_TOOL:

@@ -30,7 +30,7 @@ from homeassistant.exceptions import (
 from homeassistant.helpers import intent, issue_registry as ir
 from homeassistant.helpers.httpx_client import get_async_client
 
-from .agent_brain import HaAgentToolRunner, create_ha_agent_parts
+from .agent_brain import create_ha_agent_parts
 from .const import (
     BRAIN_HA_AGENT,
     BRAIN_OPENAI,
@@ -55,7 +55,7 @@ from .kernel.openai_provider import (
     ProviderError,
     ProviderModelNotFoundError,
 )
-from .tools import HaToolRunner, ToolResultHook
+from .tools import HaToolRunner
 from .turn import TurnContext, Turns
 
 _LOGGER = logging.getLogger(__name__)
@@ -78,18 +78,6 @@ class Brain:
         self.provider = provider
         self.tools = tools
         self._turns = turns
-        self._on_tool_result: ToolResultHook | None = None
-
-    @property
-    def on_tool_result(self) -> ToolResultHook | None:
-        """Called as (child_id, call, result) after each tool call finished."""
-        return self._on_tool_result
-
-    @on_tool_result.setter
-    def on_tool_result(self, hook: ToolResultHook | None) -> None:
-        self._on_tool_result = hook
-        if isinstance(self.tools, (HaToolRunner, HaAgentToolRunner)):
-            self.tools.on_tool_result = hook
 
     def agent_reply(self, child_id: str) -> intent.IntentResponse | None:
         """Return the delegated agent's answer in the child's current turn, if any."""

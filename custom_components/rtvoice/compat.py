@@ -219,3 +219,19 @@ async def async_converse(
                 _LOGGER.debug("async_converse has no %s parameter; not passed", name)
     result: conversation.ConversationResult = await func(hass, **kwargs)
     return result
+
+
+# ── streaming TTS of the chat log (2026.x) ────────────────────────────────────
+
+
+@functools.cache
+def tts_streams_answers() -> bool:
+    """Whether the pipeline's TTS speaks an answer while it streams.
+
+    HA 2026.x feeds the chat log's deltas into TTS (``ResultStream`` grew
+    ``async_set_message_stream``); 2025.4 speaks only the finished answer.
+    """
+    from homeassistant.components import tts  # noqa: PLC0415 - only when asked
+
+    result_stream = getattr(tts, "ResultStream", None)
+    return hasattr(result_stream, "async_set_message_stream")

@@ -15,9 +15,8 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import asdict
 from functools import partial
-import json
 import logging
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant, callback
@@ -25,7 +24,7 @@ from homeassistant.exceptions import HomeAssistantError
 
 from .const import DOMAIN
 from .errors import RtVoiceError, UnknownConversationError, UnknownSatelliteError
-from .kernel import Kernel, KernelError, Outcome, Ticket
+from .kernel import Kernel, KernelError, Outcome, Ticket, format_transcript
 from .satellites import SATELLITE_DOMAIN, SatelliteDirectory
 from .sessions import SessionManager
 
@@ -136,27 +135,21 @@ class ControlPlane:
         ``transcript`` is the text rendering (one line per message) or, for ``raw``,
         the list of messages as JSON objects. Raises ``UnknownConversationError`` for
         an id that is neither live nor archived.
-
-        TODO(kernel): use ``Kernel.transcript_page_data(...)`` (a ``TranscriptPage``)
-        instead of parsing the raw page's JSON.
         """
         child_id = self._sessions.resolve(conversation_id)
         try:
-            raw = json.loads(
-                self._kernel.transcript_page(child_id, offset, limit, FORMAT_RAW)
-            )
-            transcript: Any = raw["messages"]
-            if fmt == FORMAT_TEXT:
-                text_format: Literal["text"] = "text"
-                transcript = self._kernel.transcript_page(
-                    child_id, offset, limit, text_format
-                )
+            page = self._kernel.transcript_page_data(child_id, offset, limit)
         except KernelError as err:
             raise UnknownConversationError(str(err)) from err
+        transcript: Any = (
+            format_transcript(page.messages)
+            if fmt == FORMAT_TEXT
+            else page.as_dict()["messages"]
+        )
         return {
             "conversation_id": conversation_id,
             "offset": offset,
-            "total": raw["total"],
+            "total": page.total,
             "transcript": transcript,
         }
 
@@ -196,8 +189,6 @@ class ControlPlane:
             or not (speech := self._sessions.spoken(conversation_id, ticket, outcome))
         ):
             return
-        # TODO(kernel): with ChildOptions.delivery, acknowledge the announced text
-        # (Kernel.acknowledge) once the announcement has played.
         task = self._entry.async_create_background_task(
             self._hass,
             self._async_announce(satellite, speech),

@@ -68,10 +68,8 @@ async def async_build_runtime(
         # at all, so chat-only models keep working.
         on_ask_parent=sessions.on_ask_parent if brain.tools is not None else None,
         on_state=sessions.on_state,
-        # TODO(kernel): on_tool_result=sessions.on_tool_result, then drop the
-        # brain's hook below.
+        on_tool_result=sessions.on_tool_result,
     )
-    brain.on_tool_result = sessions.on_tool_result
     sessions.start(kernel)
     await satellites.async_start()
     return RtVoiceRuntime(

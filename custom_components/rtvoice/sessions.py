@@ -62,7 +62,7 @@ from homeassistant.util.ulid import ulid_now
 from . import compat
 from .availability import BrainAvailability
 from .brain import Brain
-from .chat_feed import ChatLogFeed, conversation_result
+from .chat_feed import APOLOGY, ChatLogFeed, conversation_result
 from .const import (
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
@@ -86,6 +86,7 @@ from .kernel import (
     ChannelRegistry,
     ChildOptions,
     ChildStats,
+    Delivery,
     Kernel,
     KernelError,
     Outcome,
@@ -93,7 +94,7 @@ from .kernel import (
     ToolCall,
 )
 from .satellites import SATELLITE_CHANNEL, SatelliteDirectory, channel_names
-from .speech import join_parts
+from .speech import complete_sentences_end, join_parts
 from .turn import TurnContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class _Input:
     text: str
     ticket: Ticket
     parts: list[list[str]] = field(default_factory=lambda: [[]])
+    emitted: str = ""  # every delta of its round, as the kernel counts characters
 
     def spoken(self) -> str:
         """Return the answer so far, its parts joined as one utterance."""
@@ -289,10 +291,6 @@ class SessionManager:
             self._barged_in(session)
             raise
         ticket = self._push(session, user_input.text)
-        # TODO(kernel): with ChildOptions.delivery, this feed acknowledges what it
-        # delivered (Kernel.acknowledge(child_id, seq, chars, final)): on HA 2025.4
-        # a satellite hears only the finished answer, so a cut answer was never
-        # heard; a text caller that shows deltas has seen them.
         turn = _Turn(
             ticket.seq,
             ChatLogFeed(
@@ -318,6 +316,16 @@ class SessionManager:
             session.adopt_new_id = False
         elif outcome.status == "failed":
             _LOGGER.debug("Conversation %s: the round failed", session.id)
+            # History holds what the user was told: the apology, not the partial.
+            self._kernel.record_reply(session.id, ticket.seq, APOLOGY)
+        elif outcome.status == "interrupted" and (
+            (newest := session.last_input) is not None and newest.ticket is ticket
+        ):
+            # Cut by a stop or a control-plane input, not by HA: the pipeline
+            # still speaks what it gets back, so that much of the answer is heard.
+            self._kernel.acknowledge(
+                session.id, ticket.seq, len(newest.emitted), final=True
+            )
         return conversation_result(
             outcome,
             language=user_input.language,
@@ -330,11 +338,7 @@ class SessionManager:
 
     @staticmethod
     def _spoken(session: _Session, ticket: Ticket, outcome: Outcome) -> str:
-        """Return the spoken answer of a round: its parts joined, not glued.
-
-        TODO(kernel): once ``Kernel.record_reply(child_id, seq, text)`` lands, record
-        this text as the round's reply here, so history holds what was said.
-        """
+        """Return the spoken answer of a round: its parts joined, not glued."""
         newest = session.last_input
         if newest is not None and newest.ticket is ticket:
             return newest.spoken()
@@ -572,10 +576,6 @@ class SessionManager:
         if extra_prompt:
             system_prompt = "\n\n".join(p for p in (system_prompt, extra_prompt) if p)
         try:
-            # TODO(kernel): set ChildOptions.carry_over=self._carry_over and drop
-            # _carried_over (the kernel knows whether a voided input reached the
-            # model); set ChildOptions.delivery for what the output side
-            # acknowledges (see async_converse).
             await self._kernel.spawn(
                 ChildOptions(
                     id=session_id,
@@ -585,6 +585,8 @@ class SessionManager:
                     max_tool_turns=self._max_tool_turns,
                     context_window=self._context_window,
                     prompt_scope=session.prompt_scope,
+                    carry_over=self._carry_over,
+                    delivery=self._delivery(session),
                 )
             )
         except KernelError:  # pragma: no cover - the pair and id were checked above
@@ -670,15 +672,9 @@ class SessionManager:
     # ── input ─────────────────────────────────────────────────────────────
 
     def _push(self, session: _Session, text: str) -> Ticket:
-        """Push the newest input, with a superseded previous input carried over."""
+        """Push the newest input (the kernel carries a superseded one over)."""
         if session.closing:
             raise UnknownConversationError(f"conversation {session.id!r} is closing")
-        carried = self._carried_over(session)
-        if carried:
-            _LOGGER.debug(
-                "Conversation %s: carrying a superseded input over", session.id
-            )
-            text = f"{carried} {text}"
         try:
             ticket = self._kernel.push(session.id, text)
         except KernelError as err:  # pragma: no cover - live sessions have a child
@@ -688,34 +684,6 @@ class SessionManager:
         self._arm_idle(session)
         self._send_update(session)
         return ticket
-
-    def _carried_over(self, session: _Session) -> str | None:
-        """Return the previous input if it never reached the model.
-
-        That is an input superseded in the slot or at its round's first check, or one
-        still waiting in the slot that this push is about to void. An input whose model
-        call started is already in the kernel's history (committed as interrupted), so
-        carrying it too would make the model read it twice.
-
-        TODO(kernel): replace with ChildOptions.carry_over (issue 6 defect 5): this
-        guess misses the window between the loop taking an input and its round
-        starting.
-        """
-        previous = session.last_input
-        if not self._carry_over or previous is None:
-            return None
-        future = previous.ticket.outcome
-        if future.done():
-            outcome = future.result()
-            return previous.text if outcome.status == "superseded" else None
-        stats = self._kernel.stats(session.id)
-        if (
-            stats is not None
-            and stats.pending
-            and stats.last_seq == previous.ticket.seq
-        ):
-            return previous.text
-        return None
 
     # ── output ────────────────────────────────────────────────────────────
 
@@ -732,19 +700,29 @@ class SessionManager:
             return None
         return turn
 
+    def _delivery(self, session: _Session) -> Delivery:
+        """Return what counts as heard in a session's history (DESIGN §4.4).
+
+        A text caller (the browser's Assist dialog, an API call) shows every delta:
+        emitted text is delivered. A voice satellite hears only what its TTS spoke:
+        on HA versions whose pipeline speaks the finished answer only, a cut answer
+        was never heard; where TTS streams the chat log, the sentences handed to it
+        were (``_on_delta`` acknowledges them).
+        """
+        return "acknowledged" if session.key is not None else "emitted"
+
     def _on_delta(self, session: _Session, delta: str) -> None:
         if (newest := session.last_input) is not None:
             newest.parts[-1].append(delta)
+            newest.emitted += delta
+            if session.key is not None and compat.tts_streams_answers():
+                heard = complete_sentences_end(newest.emitted)
+                self._kernel.acknowledge(session.id, newest.ticket.seq, heard)
         if (turn := self._current_turn(session)) is not None:
             turn.feed.delta(delta)
 
     def on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
-        """Record a finished tool call in the chat log of the waiting turn.
-
-        TODO(kernel): register this as the kernel's ``on_tool_result`` callback in
-        runtime.async_build_runtime (then ask_parent is recorded too) and drop the
-        brain's hook.
-        """
+        """Kernel callback: record a finished tool call in the waiting turn's chat log."""
         session = self._sessions.get(child_id)
         if session is None:
             return

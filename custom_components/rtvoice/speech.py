@@ -67,3 +67,20 @@ def join_parts(parts: Iterable[str]) -> str:
             joined += "。" if no_space else "."
         joined += ("" if no_space else " ") + text
     return joined
+
+
+_COMPLETE_SENTENCE: Final = re.compile(r"[.!?…。！？]+[\"')\]]*(?:\s|$)")
+
+
+def complete_sentences_end(text: str) -> int:
+    """Return how many leading characters of ``text`` form complete sentences.
+
+    A sentence is complete once its closing punctuation is followed by whitespace
+    (or, for scripts without spaces, by anything): a streaming TTS speaks it
+    while the rest is still being generated. 0 when no sentence is complete yet.
+    """
+    end = 0
+    for match in _COMPLETE_SENTENCE.finditer(text):
+        if match.end() < len(text) or _NO_SPACE_SCRIPT.search(text[: match.start()]):
+            end = match.end()
+    return end

@@ -11,7 +11,6 @@ exposure settings HA's Assist API enforces when it matches targets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 import json
 import logging
@@ -43,9 +42,6 @@ def api_prompt_section(child_id: str) -> str:
     return f"{API_PROMPT_SECTION_PREFIX}{child_id}"
 
 
-type ToolResultHook = Callable[[str, ToolCall, str], None]
-
-
 def error_text(error: BaseException | str) -> str:
     """Return a tool error as the JSON text the model reads.
 
@@ -57,18 +53,6 @@ def error_text(error: BaseException | str) -> str:
     if text := str(error):
         result["error_text"] = text
     return json.dumps(result, ensure_ascii=False)
-
-
-def report_tool_result(
-    hook: ToolResultHook | None, child_id: str | None, call: ToolCall, result: str
-) -> None:
-    """Hand a finished call to the hook (e.g. to record it in the chat log)."""
-    if hook is None or child_id is None:
-        return
-    try:
-        hook(child_id, call, result)
-    except Exception:
-        _LOGGER.exception("Recording the result of tool %s failed", call.name)
 
 
 @dataclass
@@ -113,7 +97,6 @@ class HaToolRunner:
         """
         self.hass = hass
         self.api_id = api_id
-        self.on_tool_result: ToolResultHook | None = None
         self._prompts = prompts
         self._platform = platform
         self._prepared: dict[str, _Prepared] = {}
@@ -202,10 +185,7 @@ class HaToolRunner:
 
     async def call(self, call: ToolCall) -> str:
         """Run one tool call; the result (or the error) as JSON text."""
-        child_id = current_child_id()
-        result = await self._call(child_id, call)
-        report_tool_result(self.on_tool_result, child_id, call, result)
-        return result
+        return await self._call(current_child_id(), call)
 
     async def _call(self, child_id: str | None, call: ToolCall) -> str:
         prepared = self._prepared.get(child_id) if child_id is not None else None

@@ -100,8 +100,16 @@ class Rig:
 async def make_rig(brain: Brain, prompts: PromptRegistry, **turn: Any) -> Rig:
     """Spawn one child on an RT pair; set and prepare its turn."""
     channels = ChannelRegistry()
-    kernel = Kernel(brain.provider, channels, tools=brain.tools, prompts=prompts)
+    tool_results: list[tuple[str, ToolCall, str]] = []
+    kernel = Kernel(
+        brain.provider,
+        channels,
+        tools=brain.tools,
+        prompts=prompts,
+        on_tool_result=lambda *args: tool_results.append(args),
+    )
     rig = Rig(brain, prompts, kernel)
+    rig.tool_results = tool_results
     channels.register_input(f"{CHILD}:in", ChannelDef(realtime=True))
     channels.register_output(
         f"{CHILD}:out", rig.deltas.append, definition=ChannelDef(realtime=True)
@@ -111,7 +119,6 @@ async def make_rig(brain: Brain, prompts: PromptRegistry, **turn: Any) -> Rig:
             id=CHILD, input=f"{CHILD}:in", output=f"{CHILD}:out", prompt_scope=CHILD
         )
     )
-    brain.on_tool_result = lambda *args: rig.tool_results.append(args)
     turn.setdefault("context", Context())
     turn.setdefault("language", "en")
     brain.set_turn(CHILD, TurnContext(conversation_id=CHILD, **turn))
@@ -696,9 +703,6 @@ async def test_agent_tool_runner_rejects_bad_calls(hass: HomeAssistant) -> None:
     brain = await async_create_brain(hass, agent_entry(hass), PromptRegistry())
     runner = brain.tools
     assert isinstance(runner, HaAgentToolRunner)
-    recorded: list[Any] = []
-    brain.on_tool_result = lambda *args: recorded.append(args)
-    assert runner.on_tool_result is brain.on_tool_result
 
     assert (
         "unknown tool"
@@ -707,28 +711,6 @@ async def test_agent_tool_runner_rejects_bad_calls(hass: HomeAssistant) -> None:
     for arguments in ({}, {"text": "  "}, {"text": 3}):
         result = json.loads(await runner.call(ToolCall("b", HA_ASSIST_TOOL, arguments)))
         assert "non-empty" in result["error"]
-    assert recorded == []  # outside a round there is no child to record for
-
-
-async def test_agent_tool_runner_hook_failure_is_logged(
-    hass: HomeAssistant, caplog: pytest.LogCaptureFixture, rigs: list[Rig]
-) -> None:
-    """A failing hook does not lose the agent's answer."""
-    await async_setup_demo_lights(hass, kitchen_area="Kitchen")
-    prompts = PromptRegistry()
-    rig = await make_rig(
-        await async_create_brain(hass, agent_entry(hass), prompts), prompts
-    )
-    rigs.append(rig)
-
-    def hook(*args: Any) -> None:
-        raise ValueError("hook failed")
-
-    rig.brain.on_tool_result = hook
-    outcome = await rig.push("turn on the kitchen light")
-    assert outcome.status == "completed"
-    assert hass.states.get(KITCHEN).state == "on"
-    assert "Recording the result of tool ha_assist failed" in caplog.text
 
 
 async def test_turns(hass: HomeAssistant) -> None:
@@ -745,17 +727,3 @@ async def test_turns(hass: HomeAssistant) -> None:
     assert turns.get(CHILD) is turn
     turns.pop(CHILD)
     assert turns.get(CHILD) is not turn
-
-
-async def test_brain_hands_the_hook_to_its_runner(
-    hass: HomeAssistant, openai_peer: OpenAIPeer
-) -> None:
-    """The tool-result hook set on the brain reaches its tool runner."""
-    brain = await async_create_brain(
-        hass, openai_entry(hass, openai_peer), PromptRegistry()
-    )
-    hook = print
-    brain.on_tool_result = hook
-    assert brain.on_tool_result is hook
-    assert isinstance(brain.tools, HaToolRunner)
-    assert brain.tools.on_tool_result is hook

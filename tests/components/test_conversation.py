@@ -243,9 +243,10 @@ async def test_failed_upstream_apologises_and_recovers(
     assert recovered.conversation_id == failed.conversation_id
     assert speech(recovered) == "I am back."
     assert recovered.response.error_code is None
-    # The failed turn's input stays in the history, unanswered.
+    # History holds what the user was told: the input and the apology.
     assert [m["content"] for m in openai_peer.requests[1].messages[1:]] == [
         "hello",
+        APOLOGY,
         "hello again",
     ]
 

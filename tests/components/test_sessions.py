@@ -34,7 +34,7 @@ from custom_components.rtvoice.errors import (
     UnknownConversationError,
     UnknownSatelliteError,
 )
-from custom_components.rtvoice.kernel import Capability, ChildStats
+from custom_components.rtvoice.kernel import INTERRUPTED_MARKER, Capability, ChildStats
 from custom_components.rtvoice.satellites import channel_names
 from homeassistant.components import conversation
 from homeassistant.components.assist_pipeline.pipeline import (
@@ -513,7 +513,8 @@ async def test_no_carry_over_after_output_or_when_off(
     messages = openai_peer.requests[2].messages
     assert messages[-3:] == [
         {"role": "user", "content": "tell a story"},
-        {"role": "assistant", "content": "Let me"},
+        # A text caller saw the partial; the model is told where it was cut.
+        {"role": "assistant", "content": "Let me" + INTERRUPTED_MARKER},
         {"role": "user", "content": "stop"},
     ]
 
@@ -930,7 +931,9 @@ async def test_reload_with_a_conversation_in_flight(
     await held.disconnected.wait()
     (closed,) = await home.wait_closed(1)
     assert closed["id"] == result.conversation_id
-    assert closed["messages"] == 2  # the input and what was said before the cut
+    # The input and the partial answer: the turn returns it to the pipeline, which
+    # speaks it, so the session acknowledges it as heard.
+    assert closed["messages"] == 2
 
     openai_peer.enqueue(Text("Fresh start."))
     again = await converse(

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from custom_components.rtvoice.kernel import (
+    INTERRUPTED_MARKER,
     ChannelDef,
     ChannelRegistry,
     ChildOptions,
@@ -554,7 +555,7 @@ async def test_kernel_barge_ins_through_http(peer: OpenAIPeer) -> None:
     assert last[2]["tool_calls"][0]["function"]["name"] == "get_time"
     assert last[3] == {"role": "tool", "tool_call_id": "call_1", "content": '"12:00"'}
     assert last[-2:] == [
-        {"role": "assistant", "content": "Well"},
+        {"role": "assistant", "content": "Well" + INTERRUPTED_MARKER},
         {"role": "user", "content": "last"},
     ]
     assert len(last) == 6 + 2 * 5
