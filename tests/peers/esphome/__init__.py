@@ -1,0 +1,73 @@
+"""An emulated ESPHome voice satellite for tests and scripts (no hardware).
+
+The real ``aioesphomeapi`` client (and so Home Assistant's ``esphome`` integration)
+connects to it over 127.0.0.1, plaintext or Noise::
+
+    async with EmulatedDevice(name="kitchen", encrypted=True, speed=1.0) as device:
+        client = APIClient(device.host, device.port, None, noise_psk=device.noise_psk)
+        await client.connect(login=True)
+        ...                                   # client subscribes to the voice assistant
+        await device.wait_for_voice_client()
+        run = device.say(speak("turn on the kitchen lights"))   # wake word + speech
+        await device.wait_for_event(EventType.TTS_END)
+        await run.ended.wait()                # answer fetched and played
+        device.playbacks[-1].bytes, device.events  # what the device heard and did
+
+Modules: ``framing`` (plaintext + Noise), ``voice`` (the firmware's voice assistant state
+machine), ``mic`` (paced 32 ms frames), ``speaker`` (HTTP fetch + playback record),
+``record`` (timestamped record, event-driven waits), ``timeline`` (scripts), ``device``
+(the server and per-connection API handling), ``config`` (identity and features).
+"""
+
+from .config import (
+    ATOM_ECHO_FEATURES,
+    VOICE_PE_FEATURES,
+    DeviceConfig,
+    Feature,
+    MediaFormat,
+    WakeWord,
+)
+from .device import EmulatedDevice
+from .mic import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE
+from .record import Entry, Kind, Record
+from .speaker import AudioFormat, Playback
+from .timeline import (
+    Abort,
+    Drop,
+    EndUtterance,
+    Say,
+    ScriptResult,
+    WaitEvent,
+    Wake,
+    run_script,
+)
+from .voice import EventType, Run, State
+
+__all__ = [
+    "ATOM_ECHO_FEATURES",
+    "FRAME_BYTES",
+    "FRAME_SECONDS",
+    "SAMPLE_RATE",
+    "VOICE_PE_FEATURES",
+    "Abort",
+    "AudioFormat",
+    "DeviceConfig",
+    "Drop",
+    "EmulatedDevice",
+    "EndUtterance",
+    "Entry",
+    "EventType",
+    "Feature",
+    "Kind",
+    "MediaFormat",
+    "Playback",
+    "Record",
+    "Run",
+    "Say",
+    "ScriptResult",
+    "State",
+    "WaitEvent",
+    "Wake",
+    "WakeWord",
+    "run_script",
+]

@@ -1,0 +1,538 @@
+"""``EmulatedDevice``: an ESPHome voice satellite on 127.0.0.1 speaking the native API.
+
+One TCP server (random port); every accepted connection gets its own framing
+(plaintext or Noise) and ``_Connection`` that answers the client's requests as the
+firmware's ``APIConnection`` does. The voice assistant (``voice.VoiceAssistant``), the
+speaker and the record are device-wide, so a client can drop and reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Self
+
+from aioesphomeapi import api_pb2
+from aioesphomeapi.core import MESSAGE_TYPE_TO_PROTO
+import aiohttp
+from google.protobuf.message import Message
+
+from .config import DeviceConfig
+from .framing import Framing, FramingError, NoiseFraming, PlaintextFraming, generate_psk
+from .record import Entry, Kind, Record
+from .speaker import Playback, Speaker
+from .voice import EventType, Run, State, VoiceAssistant
+
+PROTO_TO_TYPE: dict[type[Message], int] = {
+    cls: number for number, cls in MESSAGE_TYPE_TO_PROTO.items()
+}
+MEDIA_PLAYER_KEY = 1
+SWITCH_KEY_BASE = 100
+MEDIA_IDLE = 1
+MEDIA_PLAYING = 2
+MEDIA_COMMAND_STOP = 2
+
+
+def _object_id(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name.lower())
+
+
+class _Connection:
+    """One API client connection, answering as ``APIConnection`` does."""
+
+    def __init__(
+        self,
+        device: EmulatedDevice,
+        number: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.number = number
+        self._device = device
+        self._reader = reader
+        self._writer = writer
+        self.framing: Framing | None = None
+        self.states_subscribed = False
+        self.closed = False
+
+    def send(self, message: Message) -> None:
+        """Frame and write one message (dropped once the connection closed)."""
+        if self.closed or self.framing is None or self._writer.is_closing():
+            return
+        msg_type = PROTO_TO_TYPE[type(message)]
+        self._writer.write(self.framing.encode(msg_type, message.SerializeToString()))
+        self._device.events.add(Kind.SENT, connection=self.number, message=message)
+
+    def abort(self) -> None:
+        """Drop the TCP connection without a goodbye (Wi-Fi lost, power cut)."""
+        self.closed = True
+        self._writer.transport.abort()
+
+    def close(self) -> None:
+        """Close the TCP connection after what was written."""
+        self.closed = True
+        self._writer.close()
+
+    async def serve(self) -> str:
+        """Handshake, then read and handle messages until the stream ends."""
+        config = self._device.config
+        if config.encryption_key is not None:
+            self.framing = NoiseFraming(
+                self._reader,
+                self._writer,
+                psk=config.encryption_key,
+                name=config.name,
+                mac=config.mac_address,
+            )
+        else:
+            self.framing = PlaintextFraming(self._reader, self._writer)
+        try:
+            await self.framing.handshake()
+        except FramingError as err:
+            self._device.events.add(
+                Kind.HANDSHAKE_FAILED, connection=self.number, reason=str(err)
+            )
+            return f"handshake failed: {err}"
+        while not self.closed:
+            try:
+                msg_type, payload = await self.framing.read()
+            except FramingError as err:
+                self._device.events.add(
+                    Kind.HANDSHAKE_FAILED, connection=self.number, reason=str(err)
+                )
+                return f"framing error: {err}"
+            cls = MESSAGE_TYPE_TO_PROTO.get(msg_type)
+            if cls is None:
+                self._device.events.add(
+                    Kind.NOTE, connection=self.number, what=f"unknown type {msg_type}"
+                )
+                continue
+            message = cls()
+            message.ParseFromString(payload)
+            entry = self._device.events.add(
+                Kind.RECEIVED, connection=self.number, message=message
+            )
+            self._handle(entry, message)
+            await self._writer.drain()
+        return "closed by device"
+
+    def _handle(self, entry: Entry, message: Message) -> None:
+        device = self._device
+        voice = device.voice
+        owner = voice.owner is self
+        match message:
+            case api_pb2.HelloRequest():
+                device.events.add(
+                    Kind.HELLO, connection=self.number, client_info=message.client_info
+                )
+                major, minor = device.config.api_version
+                self.send(
+                    api_pb2.HelloResponse(
+                        api_version_major=major,
+                        api_version_minor=minor,
+                        server_info=(
+                            f"{device.config.name} "
+                            f"(esphome v{device.config.esphome_version})"
+                        ),
+                        name=device.config.name,
+                    )
+                )
+            case api_pb2.ConnectRequest():
+                if device.config.answers_login:
+                    self.send(api_pb2.ConnectResponse(invalid_password=False))
+            case api_pb2.DisconnectRequest():
+                self.send(api_pb2.DisconnectResponse())
+                self.close()
+            case api_pb2.DisconnectResponse():
+                self.close()
+            case api_pb2.PingRequest():
+                self.send(api_pb2.PingResponse())
+            case api_pb2.DeviceInfoRequest():
+                self.send(device.device_info())
+            case api_pb2.ListEntitiesRequest():
+                for listing in device.entity_listings():
+                    self.send(listing)
+                self.send(api_pb2.ListEntitiesDoneResponse())
+            case api_pb2.SubscribeStatesRequest():
+                self.states_subscribed = True
+                for state in device.entity_states():
+                    self.send(state)
+            case api_pb2.SwitchCommandRequest():
+                device.set_switch_by_key(message.key, message.state)
+            case api_pb2.MediaPlayerCommandRequest():
+                if message.has_media_url:
+                    voice.play_media(message.media_url)
+                elif message.has_command and message.command == MEDIA_COMMAND_STOP:
+                    voice.stop_media()
+            case api_pb2.SubscribeVoiceAssistantRequest():
+                voice.subscribe(self, message.subscribe)
+            case api_pb2.VoiceAssistantConfigurationRequest():
+                self.send(voice.configuration(self))
+            case api_pb2.VoiceAssistantResponse() if owner:
+                voice.on_response(message)
+            case api_pb2.VoiceAssistantEventResponse() if owner:
+                data = {item.name: item.value for item in message.data}
+                event = device.events.add(
+                    Kind.VOICE_EVENT,
+                    connection=self.number,
+                    message=message,
+                    type=message.event_type,
+                    data=data,
+                )
+                voice.on_event(event, message)
+            case api_pb2.VoiceAssistantAudio() if owner:
+                voice.on_audio(message)
+            case api_pb2.VoiceAssistantTimerEventResponse() if owner:
+                voice.on_timer(message)
+            case api_pb2.VoiceAssistantAnnounceRequest() if owner:
+                voice.on_announce(message)
+            case api_pb2.VoiceAssistantSetConfiguration() if owner:
+                voice.set_configuration(message)
+            case _:
+                pass  # accepted and ignored, as a device does (subscriptions, time ...)
+
+
+class EmulatedDevice:
+    """An emulated ESPHome voice satellite; see the package docstring for usage."""
+
+    def __init__(
+        self,
+        config: DeviceConfig | None = None,
+        *,
+        encrypted: bool = False,
+        **overrides: Any,
+    ) -> None:
+        """Configure; ``encrypted=True`` generates a Noise key unless one is given."""
+        config = replace(config or DeviceConfig(), **overrides)
+        if encrypted and config.encryption_key is None:
+            config = replace(config, encryption_key=generate_psk())
+        self.config = config
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.switch_states: dict[str, bool] = dict.fromkeys(config.switches, False)
+        self.media_playing = False
+        self._connections: dict[int, _Connection] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._accepted = 0
+        self._server: asyncio.Server | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._events: Record | None = None
+        self._voice: VoiceAssistant | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        """Start listening on 127.0.0.1 (random port)."""
+        loop = asyncio.get_running_loop()
+        self._events = Record(loop)
+        self._session = aiohttp.ClientSession()
+        self._voice = VoiceAssistant(
+            self.config, self._events, self._make_speaker, self._media_state
+        )
+        self._server = await asyncio.start_server(self._accept, self.host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop serving, drop clients, cancel every task the device started."""
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections.values()):
+            connection.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._voice is not None:
+            await self._voice.aclose()
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._accepted += 1
+        connection = _Connection(self, self._accepted, reader, writer)
+        self._connections[connection.number] = connection
+        self.events.add(
+            Kind.CONNECTED,
+            connection=connection.number,
+            peer=writer.get_extra_info("peername"),
+        )
+        reason = "connection lost"
+        try:
+            reason = await connection.serve()
+        except (asyncio.IncompleteReadError, ConnectionError) as err:
+            reason = f"connection lost: {type(err).__name__}"
+        finally:
+            connection.closed = True
+            self._connections.pop(connection.number, None)
+            self.voice.client_gone(connection)
+            writer.close()
+            self.events.add(
+                Kind.DISCONNECTED, connection=connection.number, reason=reason
+            )
+            self._tasks.discard(task)
+
+    def _make_speaker(self) -> Speaker:
+        assert self._session is not None
+        return Speaker(self._session, self.config.speed)
+
+    def _media_state(self, playing: bool) -> None:
+        self.media_playing = playing
+        self._broadcast(self._media_player_state())
+
+    def _broadcast(self, message: Message) -> None:
+        for connection in list(self._connections.values()):
+            if connection.states_subscribed:
+                connection.send(message)
+
+    # -- what the device reports -----------------------------------------------
+
+    @property
+    def events(self) -> Record:
+        """Everything the device saw and did, with ``loop.time()`` stamps."""
+        if self._events is None:
+            raise RuntimeError("device not started (use `async with`)")
+        return self._events
+
+    @property
+    def voice(self) -> VoiceAssistant:
+        """The voice assistant state machine."""
+        if self._voice is None:
+            raise RuntimeError("device not started (use `async with`)")
+        return self._voice
+
+    @property
+    def noise_psk(self) -> str | None:
+        """The base64 Noise key, or None for a plaintext device."""
+        return self.config.encryption_key
+
+    @property
+    def connection_count(self) -> int:
+        """Open API connections."""
+        return len(self._connections)
+
+    @property
+    def state(self) -> State:
+        """Voice assistant state."""
+        return self.voice.state
+
+    @property
+    def runs(self) -> list[Run]:
+        """Every run the device started, oldest first."""
+        return self.voice.runs
+
+    @property
+    def playbacks(self) -> list[Playback]:
+        """Everything the speaker played (URLs fetched, raw API audio)."""
+        return self.voice.playbacks
+
+    @property
+    def conversation_id(self) -> str:
+        """Conversation id the next run will send."""
+        return self.voice.conversation_id
+
+    def device_info(self) -> api_pb2.DeviceInfoResponse:
+        """``DeviceInfoResponse`` for this configuration."""
+        config = self.config
+        return api_pb2.DeviceInfoResponse(
+            uses_password=False,
+            name=config.name,
+            friendly_name=config.friendly_name,
+            mac_address=config.mac_address,
+            esphome_version=config.esphome_version,
+            compilation_time="Jan  1 2025, 00:00:00",
+            model=config.model,
+            manufacturer=config.manufacturer,
+            project_name=config.project_name,
+            project_version=config.project_version,
+            suggested_area=config.suggested_area,
+            legacy_voice_assistant_version=2 if config.features else 0,
+            voice_assistant_feature_flags=int(config.features),
+        )
+
+    def entity_listings(self) -> list[Message]:
+        """``ListEntities*Response`` for the media player and the switches."""
+        listings: list[Message] = []
+        if self.config.uses_media_player:
+            player = api_pb2.ListEntitiesMediaPlayerResponse(
+                object_id="media_player",
+                key=MEDIA_PLAYER_KEY,
+                name="Media Player",
+                unique_id=f"{self.config.name}media_playermedia_player",
+                supports_pause=True,
+            )
+            for fmt in self.config.media_formats:
+                player.supported_formats.append(
+                    api_pb2.MediaPlayerSupportedFormat(
+                        format=fmt.format,
+                        sample_rate=fmt.sample_rate,
+                        num_channels=fmt.num_channels,
+                        purpose=1 if fmt.announcement else 0,
+                        sample_bytes=fmt.sample_bytes,
+                    )
+                )
+            listings.append(player)
+        for index, name in enumerate(self.config.switches):
+            listings.append(
+                api_pb2.ListEntitiesSwitchResponse(
+                    object_id=_object_id(name),
+                    key=SWITCH_KEY_BASE + index,
+                    name=name,
+                    unique_id=f"{self.config.name}switch{_object_id(name)}",
+                )
+            )
+        return listings
+
+    def entity_states(self) -> list[Message]:
+        """Return the current state of every entity."""
+        states: list[Message] = []
+        if self.config.uses_media_player:
+            states.append(self._media_player_state())
+        for index, name in enumerate(self.config.switches):
+            states.append(
+                api_pb2.SwitchStateResponse(
+                    key=SWITCH_KEY_BASE + index, state=self.switch_states[name]
+                )
+            )
+        return states
+
+    def _media_player_state(self) -> api_pb2.MediaPlayerStateResponse:
+        return api_pb2.MediaPlayerStateResponse(
+            key=MEDIA_PLAYER_KEY,
+            state=MEDIA_PLAYING if self.media_playing else MEDIA_IDLE,
+            volume=1.0,
+            muted=False,
+        )
+
+    # -- acting as the device --------------------------------------------------
+
+    def set_switch(self, name: str, state: bool) -> None:
+        """Change a switch on the device (a button press) and report it."""
+        index = self.config.switches.index(name)
+        self.set_switch_by_key(SWITCH_KEY_BASE + index, state)
+
+    def set_switch_by_key(self, key: int, state: bool) -> None:
+        """Change the switch with ``key`` and report it to state subscribers."""
+        index = key - SWITCH_KEY_BASE
+        if not 0 <= index < len(self.config.switches):
+            self.events.add(Kind.NOTE, what=f"command for unknown key {key}")
+            return
+        name = self.config.switches[index]
+        self.switch_states[name] = state
+        self.events.add(Kind.SWITCH, key=key, name=name, state=state)
+        self._broadcast(api_pb2.SwitchStateResponse(key=key, state=state))
+
+    def wake(
+        self,
+        wake_word: str = "Okay Nabu",
+        *,
+        conversation_id: str | None = None,
+        stop_first: bool = False,
+    ) -> Run:
+        """Hear the wake word: start a run (the mic hears queued speech, then silence)."""
+        return self.voice.start(
+            wake_word_phrase=wake_word,
+            conversation_id=conversation_id,
+            stop_first=stop_first,
+        )
+
+    def say(
+        self,
+        pcm: bytes,
+        *,
+        wake_word: str | None = "Okay Nabu",
+        end: bool = False,
+        conversation_id: str | None = None,
+    ) -> Run | None:
+        """Speak ``pcm`` (16 kHz mono s16le) after a wake word: a new run streams it.
+
+        ``wake_word=None`` only queues the speech for the mic (a run already listening,
+        or the next one, e.g. after ``continue_conversation``) and returns None.
+        ``end=True`` sends ``VoiceAssistantAudio(end=True)`` after the last speech frame
+        (otherwise the mic streams silence until the client's VAD ends the utterance).
+        """
+        self.voice.end_after_speech = end
+        if wake_word is None:
+            self.voice.mic.queue(pcm)
+            return None
+        self.voice.mic.clear()
+        self.voice.mic.queue(pcm)
+        return self.wake(wake_word, conversation_id=conversation_id)
+
+    def end_utterance(self) -> None:
+        """Send ``VoiceAssistantAudio(end=True)`` now (the run continues to STT end)."""
+        self.voice.end_utterance()
+
+    def abort(self) -> None:
+        """Stop the run as the firmware's ``voice_assistant.stop`` (``start=False``)."""
+        self.voice.abort()
+
+    def drop_connection(self) -> int:
+        """Abort every client TCP connection; returns how many were dropped."""
+        connections = list(self._connections.values())
+        for connection in connections:
+            self.events.add(Kind.NOTE, connection=connection.number, what="dropped")
+            connection.abort()
+        return len(connections)
+
+    def request_disconnect(self) -> None:
+        """Ask every client to disconnect (``DisconnectRequest``), as a rebooting device."""
+        for connection in list(self._connections.values()):
+            connection.send(api_pb2.DisconnectRequest())
+
+    # -- waiting ---------------------------------------------------------------
+
+    def mark(self) -> int:
+        """Index of the next entry: pass as ``since`` to wait only for newer ones."""
+        return len(self.events)
+
+    async def wait_for(self, predicate: Any, since: int = 0) -> Entry:
+        """First entry (past or future) at ``since`` or later matching ``predicate``."""
+        return await self.events.wait_for(predicate, since)
+
+    async def wait_for_event(self, event_type: int, since: int = 0) -> Entry:
+        """First ``VoiceAssistantEventResponse`` of ``event_type`` at ``since`` or later."""
+        return await self.events.wait_for(
+            lambda e: e.kind is Kind.VOICE_EVENT and e.detail["type"] == event_type,
+            since,
+        )
+
+    async def wait_for_message(self, name: str, since: int = 0) -> Entry:
+        """First message named ``name`` (e.g. ``"PingRequest"``) received from a client."""
+        return await self.events.wait_for(
+            lambda e: e.kind is Kind.RECEIVED and e.name == name, since
+        )
+
+    async def wait_for_voice_client(self, since: int = 0) -> Entry:
+        """Wait until a connection owns the voice assistant."""
+        return await self.events.wait_for(
+            lambda e: e.kind is Kind.VOICE_OWNER and e.detail["owner"], since
+        )
+
+    async def wait_for_state(self, state: State, since: int = 0) -> Entry:
+        """Wait until the voice assistant enters ``state``."""
+        return await self.events.wait_for(
+            lambda e: e.kind is Kind.STATE and e.detail["state"] == state, since
+        )
+
+    async def wait_for_disconnect(self, since: int = 0) -> Entry:
+        """Wait until a connection ended."""
+        return await self.events.wait_for(lambda e: e.kind is Kind.DISCONNECTED, since)
+
+
+__all__ = ["EmulatedDevice", "EventType", "State"]
