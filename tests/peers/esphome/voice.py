@@ -303,6 +303,8 @@ class VoiceAssistant:
                     self._ring.append(frame)
                 else:
                     run.frames_lost += 1
+                    if run.frames_lost == 1:
+                        self._record.add(Kind.NOTE, what="mic ring buffer full")
             elif self.state == State.STREAMING_MICROPHONE:
                 self._send_frame(run, frame)
             else:
