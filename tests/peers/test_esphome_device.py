@@ -37,6 +37,7 @@ from tests.peers.esphome import (
     VOICE_PE_FEATURES,
     EmulatedDevice,
     EventType,
+    Interrupt,
     Kind,
     Say,
     State,
@@ -91,7 +92,14 @@ class MediaServer:
 @pytest.fixture
 async def media() -> AsyncIterator[MediaServer]:
     """Start a loopback HTTP server with two WAV files."""
-    server = MediaServer("", {"answer.wav": make_wav(0.25), "chime.wav": make_wav(0.1)})
+    server = MediaServer(
+        "",
+        {
+            "answer.wav": make_wav(0.25),
+            "chime.wav": make_wav(0.1),
+            "long.wav": make_wav(3.0),
+        },
+    )
 
     async def serve(request: web.Request) -> web.StreamResponse:
         server.requests.append(dict(request.headers))
@@ -372,7 +380,7 @@ async def test_full_run_with_tts_fetch(
     assert run is not None
     conversation_id, flags, phrase = await wait(ha.starts.get())
     assert (conversation_id, phrase) == ("", "Hey Jarvis")
-    assert flags & USE_WAKE_WORD
+    assert not flags & USE_WAKE_WORD  # detected on the device, as Voice PE does
 
     ha.event(EventType.RUN_START, url=media.url("answer.wav"))
     ha.event(EventType.STT_START)
@@ -449,6 +457,67 @@ async def test_tts_streaming_starts_playback_early(
     assert [p.source for p in device.playbacks] == ["tts_streaming"]
 
 
+async def test_wake_word_while_busy_follows_the_firmware(
+    device: EmulatedDevice, ha: FakeHA, media: MediaServer
+) -> None:
+    """Stock firmware ignores a wake word mid-run; during the answer it stops playback."""
+    run = device.wake()
+    assert run is not None
+    await wait(ha.starts.get())
+    await wait(run.streaming.wait())  # events before the response would be refused
+    ha.event(EventType.STT_VAD_END)
+    await wait(device.wait_for_state(State.AWAITING_RESPONSE))
+    assert device.say(speech(1)) is None  # ignored: the words are lost
+    ha.event(EventType.TTS_END, url=media.url("long.wav"))
+    await wait(device.wait_for_state(State.STREAMING_RESPONSE))
+    assert device.wake() is None  # stops the answer, reports it finished
+    assert await wait(ha.finished.get()) is True
+    (playback,) = device.playbacks
+    assert playback.stopped and playback.finished_at is None
+    assert device.state is State.IDLE and run.end_reason == "response finished"
+    await ha.barrier()
+    assert ha.starts.empty() and len(device.runs) == 1
+
+
+async def test_wake_word_restart_sends_a_new_request(
+    device: EmulatedDevice, ha: FakeHA
+) -> None:
+    """``Interrupt.RESTART`` starts a new run mid-run; ``STOP_FIRST`` aborts first."""
+    first = device.wake()
+    assert first is not None
+    await wait(ha.starts.get())
+    await wait(first.streaming.wait())
+    ha.event(EventType.STT_VAD_END)
+    await wait(device.wait_for_state(State.AWAITING_RESPONSE))
+    second = device.wake("Hey Jarvis", interrupt=Interrupt.RESTART)
+    assert second is not None
+    assert (await wait(ha.starts.get()))[2] == "Hey Jarvis"
+    assert first.end_reason == "interrupted" and ha.stops.empty()
+    third = device.wake(interrupt="stop_first")
+    assert third is not None and third.number == 3
+    assert await wait(ha.stops.get()) is True
+    await wait(ha.starts.get())
+
+
+async def test_client_side_wake_word_flag() -> None:
+    """``use_wake_word=True`` asks the client to detect it, except in a continued run."""
+    async with EmulatedDevice(use_wake_word=True) as device:
+        ha = await FakeHA(device).connect()
+        ha.subscribe_voice()
+        await wait(device.wait_for_voice_client())
+        run = device.wake()
+        assert run is not None
+        _conversation_id, flags, _phrase = await wait(ha.starts.get())
+        assert flags & USE_WAKE_WORD
+        await wait(run.streaming.wait())
+        ha.event(EventType.STT_VAD_END)
+        ha.event(EventType.INTENT_END, conversation_id="c", continue_conversation="1")
+        ha.event(EventType.RUN_END)  # no answer audio: the run is over
+        await wait(device.wait_for_state(State.IDLE))
+        assert device.runs[0].end_reason == "run_end"
+        await ha.close()
+
+
 async def test_error_event_stops_the_mic_and_signals_stop(
     device: EmulatedDevice, ha: FakeHA
 ) -> None:
@@ -471,10 +540,11 @@ async def test_continue_conversation_reopens_the_mic(
     await wait(ha.starts.get())
     await wait(ha.audio_frame.wait())
     ha.event(EventType.STT_VAD_END)
+    await wait(device.wait_for_event(EventType.STT_VAD_END))
+    device.say(speech(1), wake_word=None)  # the follow-up, heard by the reopened mic
     ha.event(EventType.INTENT_END, conversation_id="conv-7", continue_conversation="1")
     ha.event(EventType.TTS_END, url=media.url("answer.wav"))
     ha.event(EventType.RUN_END)
-    device.say(speech(1), wake_word=None)  # the follow-up, heard by the reopened mic
     conversation_id, flags, phrase = await wait(ha.starts.get())
     assert conversation_id == "conv-7"
     assert not flags & USE_WAKE_WORD
@@ -531,7 +601,9 @@ async def test_api_speaker_audio_is_recorded() -> None:
         ha.subscribe_voice()
         await wait(device.wait_for_voice_client())
         run = device.wake()
+        assert run is not None
         await wait(ha.starts.get())
+        await wait(run.streaming.wait())
         ha.event(EventType.STT_VAD_END)
         ha.event(EventType.TTS_END, url="http://127.0.0.1:9/unused.wav")
         ha.event(EventType.TTS_STREAM_START)
@@ -624,7 +696,11 @@ async def test_timeline_script(device: EmulatedDevice, ha: FakeHA) -> None:
     result = await wait(
         run_script(
             device,
-            [Say(speech(1), end=True), WaitEvent(EventType.STT_END), Say(speech(1))],
+            [
+                Say(speech(1), end=True),
+                WaitEvent(EventType.STT_END),
+                Say(speech(1), interrupt=Interrupt.RESTART),
+            ],
         )
     )
     await helper

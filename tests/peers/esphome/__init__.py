@@ -41,7 +41,7 @@ from .timeline import (
     Wake,
     run_script,
 )
-from .voice import EventType, Run, State
+from .voice import EventType, Interrupt, Run, State
 
 __all__ = [
     "ATOM_ECHO_FEATURES",
@@ -58,6 +58,7 @@ __all__ = [
     "Entry",
     "EventType",
     "Feature",
+    "Interrupt",
     "Kind",
     "MediaFormat",
     "Playback",

@@ -101,6 +101,9 @@ class DeviceConfig:
     """Real-time factor of the mic and playback clocks; > 1 only where a test says so."""
     mic_buffer_ms: int = 512
     """Ring buffer between mic and API (firmware: 512 ms); frames beyond it are lost."""
+    use_wake_word: bool = False
+    """``use_wake_word`` of the firmware: the client detects the wake word (flag
+    ``USE_WAKE_WORD``). Voice PE detects it on the device (False) and sends the phrase."""
     silence_detection: bool = True
     """``USE_VAD`` flag in the start request (firmware: ``silence_detection``)."""
 

@@ -23,7 +23,7 @@ from .config import DeviceConfig
 from .framing import Framing, FramingError, NoiseFraming, PlaintextFraming, generate_psk
 from .record import Entry, Kind, Record
 from .speaker import Playback, Speaker
-from .voice import EventType, Run, State, VoiceAssistant
+from .voice import EventType, Interrupt, Run, State, VoiceAssistant
 
 PROTO_TO_TYPE: dict[type[Message], int] = {
     cls: number for number, cls in MESSAGE_TYPE_TO_PROTO.items()
@@ -442,13 +442,14 @@ class EmulatedDevice:
         wake_word: str = "Okay Nabu",
         *,
         conversation_id: str | None = None,
-        stop_first: bool = False,
-    ) -> Run:
-        """Hear the wake word: start a run (the mic hears queued speech, then silence)."""
-        return self.voice.start(
-            wake_word_phrase=wake_word,
-            conversation_id=conversation_id,
-            stop_first=stop_first,
+        interrupt: Interrupt | str = Interrupt.FIRMWARE,
+    ) -> Run | None:
+        """Hear the wake word; returns the run it started (None when busy, see ``Interrupt``).
+
+        The mic hears queued speech, then silence.
+        """
+        return self.voice.wake(
+            wake_word, conversation_id=conversation_id, interrupt=Interrupt(interrupt)
         )
 
     def say(
@@ -458,21 +459,26 @@ class EmulatedDevice:
         wake_word: str | None = "Okay Nabu",
         end: bool = False,
         conversation_id: str | None = None,
+        interrupt: Interrupt | str = Interrupt.FIRMWARE,
     ) -> Run | None:
         """Speak ``pcm`` (16 kHz mono s16le) after a wake word: a new run streams it.
 
-        ``wake_word=None`` only queues the speech for the mic (a run already listening,
-        or the next one, e.g. after ``continue_conversation``) and returns None.
+        Returns the run, or None when the wake word started none (then the words are
+        lost, as they would be). ``wake_word=None`` only queues the speech for the mic
+        (a run already listening, or the next one, e.g. after ``continue_conversation``).
         ``end=True`` sends ``VoiceAssistantAudio(end=True)`` after the last speech frame
-        (otherwise the mic streams silence until the client's VAD ends the utterance).
+        (otherwise the mic streams silence until the client's VAD ends the utterance);
+        it stays in force for later runs until the next ``say``.
         """
         self.voice.end_after_speech = end
         if wake_word is None:
             self.voice.mic.queue(pcm)
             return None
-        self.voice.mic.clear()
-        self.voice.mic.queue(pcm)
-        return self.wake(wake_word, conversation_id=conversation_id)
+        run = self.wake(wake_word, conversation_id=conversation_id, interrupt=interrupt)
+        if run is not None:  # the mic captures its first frame 32 ms from now
+            self.voice.mic.clear()
+            self.voice.mic.queue(pcm)
+        return run
 
     def end_utterance(self) -> None:
         """Send ``VoiceAssistantAudio(end=True)`` now (the run continues to STT end)."""
@@ -535,4 +541,4 @@ class EmulatedDevice:
         return await self.events.wait_for(lambda e: e.kind is Kind.DISCONNECTED, since)
 
 
-__all__ = ["EmulatedDevice", "EventType", "State"]
+__all__ = ["EmulatedDevice", "EventType", "Interrupt", "State"]

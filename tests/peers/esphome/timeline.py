@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .device import EmulatedDevice
 from .record import Entry
-from .voice import Run
+from .voice import Interrupt, Run
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Say:
     at: float | None = None
     wake_word: str | None = "Okay Nabu"
     end: bool = False
+    interrupt: Interrupt = Interrupt.FIRMWARE
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Wake:
 
     at: float | None = None
     wake_word: str = "Okay Nabu"
-    stop_first: bool = False
+    interrupt: Interrupt = Interrupt.FIRMWARE
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,14 @@ async def run_script(device: EmulatedDevice, steps: list[Step]) -> ScriptResult:
         out: Run | Entry | None = None
         match step:
             case Say():
-                out = device.say(step.pcm, wake_word=step.wake_word, end=step.end)
+                out = device.say(
+                    step.pcm,
+                    wake_word=step.wake_word,
+                    end=step.end,
+                    interrupt=step.interrupt,
+                )
             case Wake():
-                out = device.wake(step.wake_word, stop_first=step.stop_first)
+                out = device.wake(step.wake_word, interrupt=step.interrupt)
             case EndUtterance():
                 device.end_utterance()
             case Abort():

@@ -57,6 +57,14 @@ IGNORED_ERRORS = {"wake-word-timeout", "wake_word_detection_aborted", "no_wake_w
 STOPPING_ERRORS = {"wake-provider-missing", "wake-engine-missing"}
 
 
+class Interrupt(enum.StrEnum):
+    """What a wake word does while a run is going (see ``VoiceAssistant.wake``)."""
+
+    FIRMWARE = "firmware"
+    RESTART = "restart"
+    STOP_FIRST = "stop_first"
+
+
 class State(enum.StrEnum):
     """Firmware states that matter on the wire."""
 
@@ -89,6 +97,8 @@ class Run:
     """Started by ``continue_conversation`` / ``start_conversation``, not a wake word."""
     streaming_at: float | None = None
     """When the client's ``VoiceAssistantResponse`` (port 0) arrived."""
+    streaming: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    """Set when the mic began streaming to the client (after its response)."""
     failed: bool = False
     """The client answered ``error=True``."""
     frames_sent: int = 0
@@ -211,34 +221,64 @@ class VoiceAssistant:
 
     # -- starting runs ---------------------------------------------------------
 
+    def wake(
+        self,
+        wake_word_phrase: str,
+        *,
+        conversation_id: str | None = None,
+        interrupt: Interrupt = Interrupt.FIRMWARE,
+    ) -> Run | None:
+        """Hear the wake word; return the run it started, if any.
+
+        Idle: a run starts. Busy, by ``interrupt``: ``FIRMWARE`` does what stock Voice PE
+        firmware does (``voice_assistant.start`` only acts when idle; while the answer
+        plays, the wake word stops that playback, which reports the announcement
+        finished); ``RESTART`` sends a new start request right away (the client then
+        cancels its running pipeline); ``STOP_FIRST`` sends ``start=False`` before it.
+        """
+        if self.owner is None:
+            raise RuntimeError("no API client subscribed to the voice assistant")
+        if self.state != State.IDLE:
+            if interrupt is Interrupt.FIRMWARE:
+                if (
+                    self.state == State.STREAMING_RESPONSE
+                    and self._play_task is not None
+                ):
+                    self._record.add(Kind.NOTE, what="wake word stopped the playback")
+                    self._stop_playback()
+                    self._send(api_pb2.VoiceAssistantAnnounceFinished(success=True))
+                    self._response_finished()
+                else:
+                    self._record.add(Kind.NOTE, what="wake word ignored: busy")
+                return None
+            if interrupt is Interrupt.STOP_FIRST:
+                self.signal_stop()
+            self._stop_mic("new run")
+            self._stop_playback()
+            self._end_run("interrupted")
+            self._set_state(State.IDLE)
+        return self.start(
+            wake_word_phrase=wake_word_phrase, conversation_id=conversation_id
+        )
+
     def start(
         self,
         *,
         wake_word_phrase: str | None,
         conversation_id: str | None = None,
         continued: bool = False,
-        stop_first: bool = False,
     ) -> Run:
-        """Start a run as a wake word (or a continued conversation) does.
-
-        A run already going is interrupted: local playback stops and the new request
-        is sent (HA then cancels its running pipeline); ``stop_first`` sends
-        ``start=False`` before it.
-        """
+        """Send the start request (``START_PIPELINE``) from idle; the mic starts capturing."""
         if self.owner is None:
             raise RuntimeError("no API client subscribed to the voice assistant")
         if self.state != State.IDLE:
-            if stop_first:
-                self.signal_stop()
-            self._stop_mic("new run")
-            self._stop_playback()
-            self._end_run("interrupted")
+            raise RuntimeError(f"voice assistant busy ({self.state})")
         if wake_word_phrase is not None:
             self.wake_word_phrase = wake_word_phrase
         if conversation_id is not None:
             self.conversation_id = conversation_id
         flags = 0
-        if not continued and wake_word_phrase:
+        if not continued and self._config.use_wake_word:
             flags |= USE_WAKE_WORD
         if self._config.silence_detection:
             flags |= USE_VAD
@@ -350,6 +390,7 @@ class VoiceAssistant:
                 Kind.NOTE, what=f"UDP audio to port {message.port} is not emulated"
             )
         run.streaming_at = self._loop.time()
+        run.streaming.set()
         self._set_state(State.STREAMING_MICROPHONE)
         self._record.add(Kind.MIC_START, buffered=len(self._ring))
         buffered, self._ring = self._ring, []
