@@ -127,6 +127,7 @@ async def device() -> AsyncIterator[EmulatedDevice]:
     """Start a plaintext Voice-PE-like device."""
     async with EmulatedDevice(name="kitchen", friendly_name="Kitchen") as started:
         yield started
+    assert started.voice.errors == []
 
 
 class FakeHA:
@@ -617,6 +618,29 @@ async def test_api_speaker_audio_is_recorded() -> None:
         assert playback.finished_at is not None
         assert playback.audio_seconds == pytest.approx(0.128)
         await ha.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "audible"), [("2025.4.0", False), ("2026.9.0", True)]
+)
+async def test_raw_api_audio_on_a_media_player_device(
+    version: str, audible: bool
+) -> None:
+    """Raw API speaker audio is recorded; only >= 2026.9 firmware would play it."""
+    async with EmulatedDevice(esphome_version=version) as device:
+        ha = await FakeHA(device).connect(login=False)
+        ha.subscribe_voice()
+        await wait(device.wait_for_voice_client())
+        ha.client.send_voice_assistant_audio(bytes(2048))
+        await ha.barrier()
+        (playback,) = device.playbacks
+        assert (playback.source, playback.bytes, playback.audible) == (
+            "api",
+            2048,
+            audible,
+        )
+        await ha.close()
+        assert device.voice.errors == []
 
 
 async def test_mic_is_paced_by_the_loop_clock(

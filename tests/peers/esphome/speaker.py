@@ -85,6 +85,8 @@ class Playback:
     stopped: bool = False
     """Cut before it finished (a new run, a stop command, a disconnect)."""
     error: str | None = None
+    audible: bool = True
+    """False for raw API audio this firmware would not play (media player, < 2026.9)."""
     data: bytearray = field(default_factory=bytearray, repr=False)
 
     @property

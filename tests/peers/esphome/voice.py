@@ -14,11 +14,11 @@ connections are ignored (a configuration request from them gets an empty answer)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-import contextlib
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 import enum
-from typing import Protocol
+import logging
+from typing import Any, Protocol
 
 from aioesphomeapi import api_pb2
 from google.protobuf.message import Message
@@ -28,6 +28,7 @@ from .mic import Frame, Microphone, mic_clock
 from .record import Entry, Kind, Record
 from .speaker import PCM16K, Playback, Speaker
 
+_LOGGER = logging.getLogger(__name__)
 USE_VAD = 1 << 0
 USE_WAKE_WORD = 1 << 1
 
@@ -149,6 +150,9 @@ class VoiceAssistant:
         self._ring: list[Frame] = []
         self._mic_task: asyncio.Task[None] | None = None
         self._play_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.errors: list[BaseException] = []
+        """Exceptions raised inside the emulator's own tasks (a bug if not empty)."""
         self._api_playback: Playback | None = None
         self._stream_end_seen = False
         self.end_after_speech = False
@@ -297,7 +301,7 @@ class VoiceAssistant:
         self.runs.append(run)
         self._ring.clear()
         self._set_state(State.STARTING_PIPELINE)
-        self._mic_task = self._loop.create_task(self._capture(run))
+        self._mic_task = self._spawn(self._capture(run))
         self._send(
             api_pb2.VoiceAssistantRequest(
                 start=True,
@@ -482,7 +486,12 @@ class VoiceAssistant:
         self._record.add(Kind.SPEAKER_AUDIO, bytes=len(message.data), end=message.end)
         playback = self._api_playback
         if playback is None or playback.finished_at is not None or playback.stopped:
-            playback = Playback(source="api", requested_at=now, format=PCM16K)
+            playback = Playback(
+                source="api",
+                requested_at=now,
+                format=PCM16K,
+                audible=self._config.plays_api_audio,
+            )
             self._api_playback = playback
             self.playbacks.append(playback)
         if message.data:
@@ -552,7 +561,7 @@ class VoiceAssistant:
 
     def _play(self, items: list[tuple[str, str]], *, finish: bool = True) -> None:
         self._stop_playback()
-        self._play_task = self._loop.create_task(self._play_items(items, finish))
+        self._play_task = self._spawn(self._play_items(items, finish))
 
     async def _play_items(self, items: list[tuple[str, str]], finish: bool) -> None:
         speaker = self._speaker()
@@ -582,7 +591,7 @@ class VoiceAssistant:
             self._record.add(Kind.PLAYBACK, playback=playback)
             self._response_finished()
 
-        self._play_task = self._loop.create_task(play_out())
+        self._play_task = self._spawn(play_out())
 
     def _stop_playback(self) -> None:
         task, self._play_task = self._play_task, None
@@ -601,12 +610,25 @@ class VoiceAssistant:
         if self.continue_conversation and self.owner is not None:
             self.start(wake_word_phrase=None, continued=True)
 
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self.errors.append(error)
+            _LOGGER.error("emulator task failed", exc_info=error)
+            self._record.add(Kind.NOTE, what=f"task failed: {error!r}")
+
     async def aclose(self) -> None:
         """Cancel the mic and speaker tasks and wait for them."""
-        tasks = [t for t in (self._mic_task, self._play_task) if t is not None]
         self._mic_task = self._play_task = None
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)  # done callbacks may not have run yet
