@@ -13,10 +13,12 @@ connects to it over 127.0.0.1, plaintext or Noise::
         await run.ended.wait()                # answer fetched and played
         device.playbacks[-1].bytes, device.events  # what the device heard and did
 
-Modules: ``framing`` (plaintext + Noise), ``voice`` (the firmware's voice assistant state
-machine), ``mic`` (paced 32 ms frames), ``speaker`` (HTTP fetch + playback record),
-``record`` (timestamped record, event-driven waits), ``timeline`` (scripts), ``device``
-(the server and per-connection API handling), ``config`` (identity and features).
+Modules: ``framing`` (plaintext + Noise), ``connection`` (one API client, answered as
+the firmware's ``APIConnection``), ``voice`` (the firmware's voice assistant state
+machine) with ``runs`` (its vocabulary: event types, states, ``Run``), ``mic`` (paced
+32 ms frames), ``speaker`` (HTTP fetch + playback record), ``record`` (timestamped
+record, event-driven waits), ``timeline`` (scripts), ``device`` (the server and the
+public API), ``config`` (identity and features).
 """
 
 from .config import (
@@ -30,6 +32,7 @@ from .config import (
 from .device import EmulatedDevice
 from .mic import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE
 from .record import Entry, Kind, Record
+from .runs import EventType, Interrupt, Run, State
 from .speaker import AudioFormat, Playback
 from .timeline import (
     Abort,
@@ -41,7 +44,6 @@ from .timeline import (
     Wake,
     run_script,
 )
-from .voice import EventType, Interrupt, Run, State
 
 __all__ = [
     "ATOM_ECHO_FEATURES",

@@ -1,7 +1,7 @@
 """``EmulatedDevice``: an ESPHome voice satellite on 127.0.0.1 speaking the native API.
 
 One TCP server (random port); every accepted connection gets its own framing
-(plaintext or Noise) and ``_Connection`` that answers the client's requests as the
+(plaintext or Noise) and ``Connection`` that answers the client's requests as the
 firmware's ``APIConnection`` does. The voice assistant (``voice.VoiceAssistant``), the
 speaker and the record are device-wide, so a client can drop and reconnect.
 """
@@ -15,183 +15,23 @@ from types import TracebackType
 from typing import Any, Self
 
 from aioesphomeapi import api_pb2
-from aioesphomeapi.core import MESSAGE_TYPE_TO_PROTO
 import aiohttp
 from google.protobuf.message import Message
 
 from .config import DeviceConfig
-from .framing import Framing, FramingError, NoiseFraming, PlaintextFraming, generate_psk
+from .connection import (
+    MEDIA_IDLE,
+    MEDIA_PLAYER_KEY,
+    MEDIA_PLAYING,
+    SWITCH_KEY_BASE,
+    Connection,
+    object_id,
+)
+from .framing import generate_psk
 from .record import Entry, Kind, Record
+from .runs import EventType, Interrupt, Run, State
 from .speaker import Playback, Speaker
-from .voice import EventType, Interrupt, Run, State, VoiceAssistant
-
-PROTO_TO_TYPE: dict[type[Message], int] = {
-    cls: number for number, cls in MESSAGE_TYPE_TO_PROTO.items()
-}
-MEDIA_PLAYER_KEY = 1
-SWITCH_KEY_BASE = 100
-MEDIA_IDLE = 1
-MEDIA_PLAYING = 2
-MEDIA_COMMAND_STOP = 2
-
-
-def _object_id(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in name.lower())
-
-
-class _Connection:
-    """One API client connection, answering as ``APIConnection`` does."""
-
-    def __init__(
-        self,
-        device: EmulatedDevice,
-        number: int,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        self.number = number
-        self._device = device
-        self._reader = reader
-        self._writer = writer
-        self.framing: Framing | None = None
-        self.states_subscribed = False
-        self.closed = False
-
-    def send(self, message: Message) -> None:
-        """Frame and write one message (dropped once the connection closed)."""
-        if self.closed or self.framing is None or self._writer.is_closing():
-            return
-        msg_type = PROTO_TO_TYPE[type(message)]
-        self._writer.write(self.framing.encode(msg_type, message.SerializeToString()))
-        self._device.events.add(Kind.SENT, connection=self.number, message=message)
-
-    def abort(self) -> None:
-        """Drop the TCP connection without a goodbye (Wi-Fi lost, power cut)."""
-        self.closed = True
-        self._writer.transport.abort()
-
-    def close(self) -> None:
-        """Close the TCP connection after what was written."""
-        self.closed = True
-        self._writer.close()
-
-    async def serve(self) -> str:
-        """Handshake, then read and handle messages until the stream ends."""
-        config = self._device.config
-        if config.encryption_key is not None:
-            self.framing = NoiseFraming(
-                self._reader,
-                self._writer,
-                psk=config.encryption_key,
-                name=config.name,
-                mac=config.mac_address,
-            )
-        else:
-            self.framing = PlaintextFraming(self._reader, self._writer)
-        try:
-            await self.framing.handshake()
-        except FramingError as err:
-            self._device.events.add(
-                Kind.HANDSHAKE_FAILED, connection=self.number, reason=str(err)
-            )
-            return f"handshake failed: {err}"
-        while not self.closed:
-            try:
-                msg_type, payload = await self.framing.read()
-            except FramingError as err:
-                self._device.events.add(
-                    Kind.HANDSHAKE_FAILED, connection=self.number, reason=str(err)
-                )
-                return f"framing error: {err}"
-            cls = MESSAGE_TYPE_TO_PROTO.get(msg_type)
-            if cls is None:
-                self._device.events.add(
-                    Kind.NOTE, connection=self.number, what=f"unknown type {msg_type}"
-                )
-                continue
-            message = cls()
-            message.ParseFromString(payload)
-            entry = self._device.events.add(
-                Kind.RECEIVED, connection=self.number, message=message
-            )
-            self._handle(entry, message)
-            await self._writer.drain()
-        return "closed by device"
-
-    def _handle(self, entry: Entry, message: Message) -> None:
-        device = self._device
-        voice = device.voice
-        owner = voice.owner is self
-        match message:
-            case api_pb2.HelloRequest():
-                device.events.add(
-                    Kind.HELLO, connection=self.number, client_info=message.client_info
-                )
-                major, minor = device.config.api_version
-                self.send(
-                    api_pb2.HelloResponse(
-                        api_version_major=major,
-                        api_version_minor=minor,
-                        server_info=(
-                            f"{device.config.name} "
-                            f"(esphome v{device.config.esphome_version})"
-                        ),
-                        name=device.config.name,
-                    )
-                )
-            case api_pb2.ConnectRequest():
-                if device.config.answers_login:
-                    self.send(api_pb2.ConnectResponse(invalid_password=False))
-            case api_pb2.DisconnectRequest():
-                self.send(api_pb2.DisconnectResponse())
-                self.close()
-            case api_pb2.DisconnectResponse():
-                self.close()
-            case api_pb2.PingRequest():
-                self.send(api_pb2.PingResponse())
-            case api_pb2.DeviceInfoRequest():
-                self.send(device.device_info())
-            case api_pb2.ListEntitiesRequest():
-                for listing in device.entity_listings():
-                    self.send(listing)
-                self.send(api_pb2.ListEntitiesDoneResponse())
-            case api_pb2.SubscribeStatesRequest():
-                self.states_subscribed = True
-                for state in device.entity_states():
-                    self.send(state)
-            case api_pb2.SwitchCommandRequest():
-                device.set_switch_by_key(message.key, message.state)
-            case api_pb2.MediaPlayerCommandRequest():
-                if message.has_media_url:
-                    voice.play_media(message.media_url)
-                elif message.has_command and message.command == MEDIA_COMMAND_STOP:
-                    voice.stop_media()
-            case api_pb2.SubscribeVoiceAssistantRequest():
-                voice.subscribe(self, message.subscribe)
-            case api_pb2.VoiceAssistantConfigurationRequest():
-                self.send(voice.configuration(self))
-            case api_pb2.VoiceAssistantResponse() if owner:
-                voice.on_response(message)
-            case api_pb2.VoiceAssistantEventResponse() if owner:
-                data = {item.name: item.value for item in message.data}
-                event = device.events.add(
-                    Kind.VOICE_EVENT,
-                    connection=self.number,
-                    message=message,
-                    type=message.event_type,
-                    data=data,
-                )
-                voice.on_event(event, message)
-            case api_pb2.VoiceAssistantAudio() if owner:
-                voice.on_audio(message)
-            case api_pb2.VoiceAssistantTimerEventResponse() if owner:
-                voice.on_timer(message)
-            case api_pb2.VoiceAssistantAnnounceRequest() if owner:
-                voice.on_announce(message)
-            case api_pb2.VoiceAssistantSetConfiguration() if owner:
-                voice.set_configuration(message)
-            case _:
-                pass  # accepted and ignored, as a device does (subscriptions, time ...)
+from .voice import VoiceAssistant
 
 
 class EmulatedDevice:
@@ -213,7 +53,7 @@ class EmulatedDevice:
         self.port = 0
         self.switch_states: dict[str, bool] = dict.fromkeys(config.switches, False)
         self.media_playing = False
-        self._connections: dict[int, _Connection] = {}
+        self._connections: dict[int, Connection] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accepted = 0
         self._server: asyncio.Server | None = None
@@ -265,7 +105,7 @@ class EmulatedDevice:
         assert task is not None
         self._tasks.add(task)
         self._accepted += 1
-        connection = _Connection(self, self._accepted, reader, writer)
+        connection = Connection(self, self._accepted, reader, writer)
         self._connections[connection.number] = connection
         self.events.add(
             Kind.CONNECTED,
@@ -390,10 +230,10 @@ class EmulatedDevice:
         for index, name in enumerate(self.config.switches):
             listings.append(
                 api_pb2.ListEntitiesSwitchResponse(
-                    object_id=_object_id(name),
+                    object_id=object_id(name),
                     key=SWITCH_KEY_BASE + index,
                     name=name,
-                    unique_id=f"{self.config.name}switch{_object_id(name)}",
+                    unique_id=f"{self.config.name}switch{object_id(name)}",
                 )
             )
         return listings

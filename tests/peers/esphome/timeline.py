@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .device import EmulatedDevice
 from .record import Entry
-from .voice import Interrupt, Run
+from .runs import Interrupt, Run
 
 
 @dataclass(frozen=True)
