@@ -500,6 +500,23 @@ async def test_wake_word_restart_sends_a_new_request(
     await wait(ha.starts.get())
 
 
+async def test_stale_run_end_ends_the_new_run(
+    device: EmulatedDevice, ha: FakeHA
+) -> None:
+    """The firmware ends whatever run is streaming on RUN_END, even a cancelled run's."""
+    first = device.wake()
+    assert first is not None
+    await wait(ha.starts.get())
+    await wait(first.streaming.wait())
+    second = device.wake(interrupt=Interrupt.RESTART)
+    assert second is not None
+    await wait(ha.starts.get())
+    await wait(second.streaming.wait())
+    ha.event(EventType.RUN_END)  # the cancelled first pipeline's end
+    await wait(second.ended.wait())
+    assert second.end_reason == "run_end" and second.mic_stop_reason == "run_end"
+
+
 async def test_client_side_wake_word_flag() -> None:
     """``use_wake_word=True`` asks the client to detect it, except in a continued run."""
     async with EmulatedDevice(use_wake_word=True) as device:

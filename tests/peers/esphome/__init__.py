@@ -13,6 +13,18 @@ connects to it over 127.0.0.1, plaintext or Noise::
         await run.ended.wait()                # answer fetched and played
         device.playbacks[-1].bytes, device.events  # what the device heard and did
 
+Behaviour taken from the firmware source, worth knowing when writing tests:
+
+- ``say``/``wake`` while a run is going follow stock Voice PE (``Interrupt.FIRMWARE``):
+  ignored mid-run (they return None), and while the answer plays they only stop it.
+  ``Interrupt.RESTART`` sends a new start request anyway (not stock behaviour).
+- Send pipeline events only once ``run.streaming`` is set: a ``VoiceAssistantResponse``
+  that arrives after an event moved the state on is refused with ``start=False``.
+- A ``RUN_END`` arriving while a run is starting or streaming ends that run, whichever
+  pipeline it came from (a stale one from a cancelled run included).
+- ``run.ended`` is set when the device is done with the run: after the answer played,
+  or at ``RUN_END`` without an answer, an error, an abort, a disconnect.
+
 Modules: ``framing`` (plaintext + Noise), ``connection`` (one API client, answered as
 the firmware's ``APIConnection``), ``voice`` (the firmware's voice assistant state
 machine) with ``runs`` (its vocabulary: event types, states, ``Run``), ``mic`` (paced
