@@ -34,9 +34,7 @@ SAMPLE_WIDTH = 2
 BYTES_PER_MS = SAMPLE_RATE * SAMPLE_WIDTH // 1000  # 32
 
 _CACHE = Path(
-    os.environ.get(
-        "RTVOICE_SPEECH_CACHE", Path(tempfile.gettempdir()) / "rtvoice-speech"
-    )
+    os.environ.get("RTVOICE_SPEECH_CACHE", Path(tempfile.gettempdir()) / "rtvoice-speech")
 )
 
 
