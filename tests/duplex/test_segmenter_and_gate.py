@@ -23,6 +23,7 @@ TAIL = 1500
 
 
 def events_of(segmenter: UtteranceSegmenter, pcm: bytes, chunk: int):
+    """Feed ``pcm`` in ``chunk``-byte pieces and collect the events."""
     out = []
     for i in range(0, len(pcm), chunk):
         out += segmenter.feed(pcm[i : i + chunk])
@@ -84,12 +85,9 @@ def test_max_length_and_restart() -> None:
 
 
 def gate_frames(gate: OnsetGate, pcm: bytes) -> list[tuple[int, GateEvent]]:
-    chunker = FrameChunker()
-    out = []
-    for frame in chunker.feed(pcm):
-        if (event := gate.process(frame)) is not None:
-            out.append((gate.frames, event))
-    return out
+    """Return (frame number, event) for every event ``pcm`` causes."""
+    events = [(gate.process(frame), gate.frames) for frame in FrameChunker().feed(pcm)]
+    return [(n, event) for event, n in events if event is not None]
 
 
 def test_gate_opens_within_a_few_frames_of_speech(clip) -> None:

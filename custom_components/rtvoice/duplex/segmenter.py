@@ -118,11 +118,8 @@ class UtteranceSegmenter:
 
     def feed(self, pcm: bytes) -> list[SegmentEvent]:
         """Process PCM of any size; return the events it caused."""
-        events: list[SegmentEvent] = []
-        for frame in self._chunker.feed(pcm):
-            if (event := self.process_frame(frame)) is not None:
-                events.append(event)
-        return events
+        events = [self.process_frame(frame) for frame in self._chunker.feed(pcm)]
+        return [event for event in events if event is not None]
 
     def process_frame(self, frame: bytes) -> SegmentEvent | None:
         """Process exactly one 10 ms frame."""
