@@ -49,3 +49,103 @@ class FakeTransport:
     def audio(self) -> bytes:
         """Everything sent, concatenated."""
         return b"".join(self.frames)
+
+
+class Ticket:
+    """What FakeChild.push returns."""
+
+    def __init__(self, seq: int) -> None:
+        """Bind a seq to an unresolved outcome."""
+        self.seq = seq
+        self.outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+
+class FakeChild:
+    """Records pushes, interrupts and acknowledgements (the kernel is built elsewhere)."""
+
+    def __init__(self) -> None:
+        """Start at seq 0 with nothing recorded."""
+        self.seq = 0
+        self.pushes: list[str] = []
+        self.tickets: list[Ticket] = []
+        self.acks: list[tuple[int, int, bool]] = []
+        self.interrupts = 0
+        self.pushed = asyncio.Event()
+        self.acked_final = asyncio.Event()
+
+    def push(self, text: str) -> Ticket:
+        """Record the words and return a ticket for a new round."""
+        self.seq += 1
+        self.pushes.append(text)
+        ticket = Ticket(self.seq)
+        self.tickets.append(ticket)
+        self.pushed.set()
+        return ticket
+
+    def interrupt(self) -> bool:
+        """Count interrupts."""
+        self.interrupts += 1
+        return True
+
+    def acknowledge(self, seq: int, chars: int, *, final: bool = False) -> None:
+        """Record an acknowledgement."""
+        self.acks.append((seq, chars, final))
+        if final:
+            self.acked_final.set()
+
+    def finals(self) -> list[tuple[int, int]]:
+        """Return the final acknowledgements as (seq, chars)."""
+        return [(seq, chars) for seq, chars, final in self.acks if final]
+
+
+class FakeStt:
+    """Answers utterances from a script; ``gate`` makes it wait for the test."""
+
+    def __init__(self, *answers: str | Exception) -> None:
+        """Answer with ``answers`` in order."""
+        self.answers = list(answers)
+        self.heard: list[bytes] = []
+        self.started = asyncio.Event()
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, pcm: bytes) -> str:
+        """Transcribe (pop the next scripted answer)."""
+        self.heard.append(pcm)
+        self.started.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+class FakeTts:
+    """Synthesises each sentence as ``ms_per_sentence`` of a byte pattern of its own."""
+
+    def __init__(
+        self, ms_per_sentence: int = 300, *, fail_on: str | None = None
+    ) -> None:
+        """Make ``ms_per_sentence`` of audio per sentence; raise for ``fail_on``."""
+        self.bytes = ms_per_sentence * 32
+        self.fail_on = fail_on
+        self.sentences: list[str] = []
+        self.closed = 0
+
+    def audio(self, index: int) -> bytes:
+        """Return the audio of sentence number ``index`` (never looks like speech)."""
+        return bytes([index % 250 + 1, 0]) * (self.bytes // 2)
+
+    async def __call__(self, text: str):
+        """Yield the sentence's audio in two chunks."""
+        index = len(self.sentences)
+        self.sentences.append(text)
+        try:
+            if text == self.fail_on:
+                raise RuntimeError("tts down")
+            audio = self.audio(index)
+            half = len(audio) // 2 + 1  # odd: a sample split across chunks
+            yield audio[:half]
+            yield audio[half:]
+        finally:
+            self.closed += 1

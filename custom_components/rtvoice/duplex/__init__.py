@@ -1,5 +1,70 @@
 """The duplex core of Realtime Voice: pure asyncio and audio, no Home Assistant imports.
 
-Mic frames in, sentences of the answer out as paced audio frames, barge-in by voice.
-DESIGN §5.5; shared by the ESPHome and Wyoming adapters.
+Mic frames in, the answer's sentences out as paced audio frames, barge-in by voice,
+history acknowledged as heard. DESIGN §5.5; shared by the ESPHome and Wyoming
+adapters, which bind the kernel child, STT, TTS and the transport.
 """
+
+from __future__ import annotations
+
+from .audio import BYTES_PER_MS, FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameChunker
+from .clock import Clock, LoopClock, VirtualClock
+from .contracts import (
+    BargeIn,
+    ConversationChild,
+    DuplexOptions,
+    KernelChild,
+    SendFrame,
+    SpeechToText,
+    TextToSpeech,
+    TicketLike,
+)
+from .echo import EchoCanceller, unavailable_reason as echo_unavailable_reason
+from .gate import GateEvent, OnsetGate
+from .heard import HeardLedger
+from .player import PacedPlayer, PlayerState
+from .segmenter import (
+    UtteranceEnded,
+    UtteranceSegmenter,
+    UtteranceStarted,
+    VadUnavailableError,
+    micro_vad_scorer,
+)
+from .sentences import Sentence, SentenceSplitter
+from .session import DuplexSession, SessionState, SessionStats
+
+__all__ = [
+    "BYTES_PER_MS",
+    "FRAME_BYTES",
+    "FRAME_MS",
+    "SAMPLE_RATE",
+    "BargeIn",
+    "Clock",
+    "ConversationChild",
+    "DuplexOptions",
+    "DuplexSession",
+    "EchoCanceller",
+    "FrameChunker",
+    "GateEvent",
+    "HeardLedger",
+    "KernelChild",
+    "LoopClock",
+    "OnsetGate",
+    "PacedPlayer",
+    "PlayerState",
+    "SendFrame",
+    "Sentence",
+    "SentenceSplitter",
+    "SessionState",
+    "SessionStats",
+    "SpeechToText",
+    "TextToSpeech",
+    "TicketLike",
+    "UtteranceEnded",
+    "UtteranceSegmenter",
+    "UtteranceStarted",
+    "VadUnavailableError",
+    "VirtualClock",
+    "echo_unavailable_reason",
+    "micro_vad_scorer",
+]

@@ -19,7 +19,7 @@ import contextlib
 import enum
 import logging
 
-from .audio import BYTES_PER_MS, FRAME_MS, SAMPLE_WIDTH
+from .audio import BYTES_PER_MS, FRAME_MS
 from .clock import Clock, LoopClock
 
 _LOGGER = logging.getLogger(__name__)
@@ -71,8 +71,7 @@ class PacedPlayer:
         """Queue PCM after what is queued; return its start position."""
         self._check_open()
         start = self.enqueued_bytes
-        pcm = pcm[: len(pcm) - len(pcm) % SAMPLE_WIDTH]
-        if pcm:
+        if pcm:  # an odd byte waits for its other half (chunks may split samples)
             self._buffer += pcm
             self.enqueued_bytes += len(pcm)
             self._finished = False

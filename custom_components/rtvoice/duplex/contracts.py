@@ -1,0 +1,102 @@
+"""What the duplex session needs from the outside: the kernel's child, STT, TTS, transport.
+
+The adapter (ESPHome, Wyoming) binds them; tests use fakes. ``KernelChild`` binds a
+child of the realtime kernel (``Kernel.push/interrupt/acknowledge`` with a child id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+import enum
+from typing import Any, Protocol
+
+
+class TicketLike(Protocol):
+    """What ``push`` returns: the round's sequence number and its outcome."""
+
+    seq: int
+    outcome: asyncio.Future[Any]
+
+
+class ConversationChild(Protocol):
+    """The kernel child a session talks to (acknowledged delivery)."""
+
+    def push(self, text: str) -> TicketLike:
+        """Push the user's words; the running round is cancelled (latest wins)."""
+
+    def interrupt(self) -> object:
+        """Cancel the running round without new input."""
+
+    def acknowledge(self, seq: int, chars: int, *, final: bool = False) -> object:
+        """Report that the first ``chars`` characters of round ``seq`` reached the user."""
+
+
+class KernelLike(Protocol):
+    """The three kernel methods a ``KernelChild`` forwards to."""
+
+    def push(self, child_id: str, text: str) -> TicketLike:
+        """See ``Kernel.push``."""
+
+    def interrupt(self, child_id: str) -> object:
+        """See ``Kernel.interrupt``."""
+
+    def acknowledge(
+        self, child_id: str, seq: int, chars: int, *, final: bool = False
+    ) -> object:
+        """See ``Kernel.acknowledge``."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChild:
+    """A kernel child bound to its id, as a ``ConversationChild``."""
+
+    kernel: KernelLike
+    child_id: str
+
+    def push(self, text: str) -> TicketLike:
+        """Push into the child."""
+        return self.kernel.push(self.child_id, text)
+
+    def interrupt(self) -> object:
+        """Interrupt the child's round."""
+        return self.kernel.interrupt(self.child_id)
+
+    def acknowledge(self, seq: int, chars: int, *, final: bool = False) -> object:
+        """Acknowledge heard text of round ``seq``."""
+        return self.kernel.acknowledge(self.child_id, seq, chars, final=final)
+
+
+SpeechToText = Callable[[bytes], Awaitable[str]]
+"""Transcribe one utterance (16 kHz mono s16le PCM); "" when it holds no words."""
+
+TextToSpeech = Callable[[str], AsyncIterator[bytes]]
+"""Synthesise one sentence as 16 kHz mono s16le PCM chunks."""
+
+SendFrame = Callable[[bytes], Awaitable[None]]
+"""Send one frame of answer audio to the device."""
+
+
+class BargeIn(enum.StrEnum):
+    """What may interrupt an answer while it plays."""
+
+    VAD = "vad"  # speech onset pauses, words cancel (needs echo cancellation)
+    WAKE_WORD = "wake_word"  # only the wake word interrupts (safe without AEC)
+    OFF = "off"  # nothing interrupts while speaking
+
+
+@dataclass(frozen=True, slots=True)
+class DuplexOptions:
+    """How a duplex session behaves."""
+
+    barge_in: BargeIn = BargeIn.VAD
+    end_silence_ms: int = (
+        8000  # session ends after this much silence after an answer (0: never)
+    )
+    confirm_ms: int = (
+        700  # after an onset pause: resume if the VAD finds no speech by then
+    )
+    lead_ms: int = 100  # audio kept queued on the device
+    frame_ms: int = 10  # answer audio frame size sent to the device
+    early_first_clause_chars: int = 24  # see sentences.SentenceSplitter (0: off)
