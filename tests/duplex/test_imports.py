@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import custom_components.rtvoice.duplex as duplex
+from custom_components.rtvoice import duplex
 
 PACKAGE = Path(duplex.__file__).parent
 LAZY = {"livekit", "pymicro_vad"}  # optional native wheels: imported inside functions
