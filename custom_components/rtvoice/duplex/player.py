@@ -59,6 +59,7 @@ class PacedPlayer:
         self.sent_bytes = 0
         self.enqueued_bytes = 0
         self._device_free_at = 0.0  # when the device's queue runs dry
+        self.frame_play_at = 0.0  # when the frame being sent will start playing
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -190,7 +191,8 @@ class PacedPlayer:
             del self._buffer[: self.frame_bytes]
             self.sent_bytes += len(frame)
             now = clock.now()
-            self._device_free_at = max(self._device_free_at, now) + (
+            self.frame_play_at = max(self._device_free_at, now)
+            self._device_free_at = self.frame_play_at + (
                 len(frame) / BYTES_PER_MS / 1000
             )
             try:

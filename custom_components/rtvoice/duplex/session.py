@@ -44,7 +44,7 @@ from .contracts import (
     SpeechToText,
     TextToSpeech,
 )
-from .echo import EchoCanceller
+from .echo import EchoCanceller, MicTimeline
 from .gate import GateEvent, OnsetGate
 from .heard import HeardLedger
 from .player import PacedPlayer, PlayerState
@@ -141,6 +141,7 @@ class DuplexSession:
         self.state = SessionState.LISTENING
         self.stats = SessionStats()
         self._chunker = FrameChunker(FRAME_BYTES)
+        self._timeline = MicTimeline()
         self.mic_ms = 0
         self._answer: _Answer | None = None
         self._last_closed_seq = 0
@@ -160,6 +161,8 @@ class DuplexSession:
         """Process mic audio (16 kHz mono s16le, any chunk size). Blocking DSP."""
         if self.state is SessionState.ENDED:
             return
+        if self._echo is not None:
+            self._timeline.chunk(self.player.clock.now(), len(pcm) // 2)
         for frame in self._chunker.feed(pcm):
             if not self._process_frame(frame):
                 return
@@ -443,7 +446,8 @@ class DuplexSession:
 
     async def _send_frame(self, frame: bytes) -> None:
         if self._echo is not None:
-            self._echo.far_end(frame)
+            at = self._timeline.sample_at(self.player.frame_play_at)
+            self._echo.far_end(frame, at_sample=at)
         await self._send(frame)
 
     def _set_state(self, state: SessionState) -> None:
