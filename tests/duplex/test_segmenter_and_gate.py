@@ -9,7 +9,7 @@ from custom_components.rtvoice.duplex.audio import (
     FRAME_BYTES,
     FrameChunker,
 )
-from custom_components.rtvoice.duplex.gate import GateEvent, OnsetGate
+from custom_components.rtvoice.duplex.gate import EchoAwareGate, GateEvent, OnsetGate
 from custom_components.rtvoice.duplex.segmenter import (
     UtteranceEnded,
     UtteranceSegmenter,
@@ -118,3 +118,31 @@ def test_gate_opens_on_a_noise_burst() -> None:
     pcm = noise(1000, -60) + noise(150, -20, seed=2) + noise(1000, -60, seed=3)
     kinds = [event for _, event in gate_frames(OnsetGate(), pcm)]
     assert kinds == [GateEvent.ONSET, GateEvent.QUIET]
+
+
+def tone(dbfs: float, frames: int = 1) -> bytes:
+    """Return a square wave at ``dbfs`` RMS, ``frames`` 10 ms frames long."""
+    amplitude = int(32768 * 10 ** (dbfs / 20))
+    half = amplitude.to_bytes(2, "little", signed=True) + (-amplitude).to_bytes(
+        2, "little", signed=True
+    )
+    return half * (80 * frames)
+
+
+def test_echo_aware_gate_learns_the_echo_and_fires_over_it() -> None:
+    """Echo 20 dB under the reference is learned; a user 15 dB over it is an onset."""
+    gate = EchoAwareGate(sustain_frames=3)
+    reference, echo = tone(-15), tone(-35)
+    assert all(gate.process(echo, reference, learn=True) is None for _ in range(150))
+    assert gate.echo_gain_db == pytest.approx(-20, abs=0.5)
+    loud = tone(-20)
+    events = [gate.process(loud, reference, learn=False) for _ in range(3)]
+    assert events == [None, None, GateEvent.ONSET]
+    assert gate.onset_frame == 151
+
+
+def test_echo_aware_gate_is_silent_without_reference() -> None:
+    """Nothing playing: this gate leaves onsets to the cleaned-signal gate."""
+    gate = EchoAwareGate()
+    silent = bytes(FRAME_BYTES)
+    assert all(gate.process(tone(-10), silent, learn=False) is None for _ in range(20))

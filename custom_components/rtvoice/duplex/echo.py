@@ -65,6 +65,7 @@ class EchoCanceller:
         self._mic_frame = 0  # index of the next mic frame
         self._reference_end = 0  # sample after the last reference sample placed
         self._silence = bytes(FRAME_BYTES)
+        self.last_reference = self._silence  # what the last process() cancelled
 
     @property
     def mic_samples(self) -> int:
@@ -102,6 +103,7 @@ class EchoCanceller:
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"frames must be {FRAME_BYTES} bytes, got {len(frame)}")
         reference = self._frames.pop(self._mic_frame, None) or self._silence
+        self.last_reference = bytes(reference)
         self._mic_frame += 1
         frame_cls = self._rtc.AudioFrame
         self._apm.process_reverse_stream(

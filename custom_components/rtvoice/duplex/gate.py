@@ -12,6 +12,7 @@ speech does not.
 
 from __future__ import annotations
 
+from collections import deque
 import enum
 
 from .audio import FRAME_MS, frame_dbfs
@@ -88,3 +89,81 @@ class OnsetGate:
             self.floor += (level - self.floor) * self._fall
         else:
             self.floor += min(self._rise, level - self.floor)
+
+
+class EchoAwareGate:
+    """Onset on the *raw* mic while echo plays, over an upper envelope of that echo.
+
+    AEC3's suppressor holds back the first ~100 ms of near-end speech during double
+    talk, so a gate on the cleaned signal alone is late. This gate predicts the
+    loudest echo the raw mic can hold now: the loudest reference frame of the last
+    ``window_ms`` (whatever the delay within that window) plus the echo path gain.
+    The gain is learned from frames where the cleaned signal is quiet: fast during
+    the first ``learn_frames`` of echo, then rising at most ``rise_db_per_s`` (a user
+    talking under AEC3's suppression is not learned as echo) and decaying slowly.
+    Sustained raw energy ``margin_db`` over the prediction is an onset. With no
+    reference playing it stays silent (the cleaned-signal gate covers that case).
+    """
+
+    def __init__(
+        self,
+        *,
+        window_ms: int = 450,
+        margin_db: float = 6.0,
+        sustain_frames: int = 3,
+        min_dbfs: float = -50.0,
+        learn_frames: int = 100,
+        rise_db_per_s: float = 2.0,
+        decay_db_per_s: float = 0.5,
+    ) -> None:
+        """Predict echo over ``window_ms``; fire ``margin_db`` above it."""
+        self._window: deque[float] = deque(maxlen=max(1, window_ms // FRAME_MS))
+        self.margin_db = margin_db
+        self.sustain_frames = sustain_frames
+        self.min_dbfs = min_dbfs
+        self._learn_frames = learn_frames
+        self._rise = rise_db_per_s * FRAME_MS / 1000
+        self._decay = decay_db_per_s * FRAME_MS / 1000
+        self.echo_gain_db: float | None = None
+        self._learned = 0
+        self._run = 0
+        self.frames = 0
+        self.onset_frame = 0
+
+    def process(self, raw: bytes, reference: bytes, *, learn: bool) -> GateEvent | None:
+        """Score one raw 10 ms mic frame with the reference frame the AEC got with it.
+
+        ``learn``: the cleaned signal is quiet (no user heard), so the raw frame is echo.
+        """
+        self.frames += 1
+        self._window.append(frame_dbfs(reference))
+        loudest = max(self._window)
+        level = frame_dbfs(raw)
+        if loudest < self.min_dbfs:
+            self._run = 0
+            return None  # nothing playing: no echo to predict
+        gain = level - loudest
+        estimate = self.echo_gain_db
+        if (
+            estimate is not None
+            and level >= self.min_dbfs
+            and gain >= estimate + self.margin_db
+        ):
+            self._run += 1
+            if self._run == self.sustain_frames:
+                self.onset_frame = self.frames - self._run + 1
+                return GateEvent.ONSET
+            return None
+        self._run = 0
+        if learn:
+            if estimate is None:
+                self.echo_gain_db = gain
+            elif gain > estimate:
+                fast = self._learned < self._learn_frames
+                self.echo_gain_db = (
+                    gain if fast else estimate + min(gain - estimate, self._rise)
+                )
+            else:
+                self.echo_gain_db = max(gain, estimate - self._decay)
+            self._learned += 1
+        return None

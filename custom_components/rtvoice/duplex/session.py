@@ -45,7 +45,7 @@ from .contracts import (
     TextToSpeech,
 )
 from .echo import EchoCanceller, MicTimeline
-from .gate import GateEvent, OnsetGate
+from .gate import EchoAwareGate, GateEvent, OnsetGate
 from .heard import HeardLedger
 from .player import PacedPlayer, PlayerState
 from .segmenter import UtteranceEnded, UtteranceSegmenter, UtteranceStarted
@@ -117,6 +117,7 @@ class DuplexSession:
         segmenter: UtteranceSegmenter | None = None,
         gate: OnsetGate | None = None,
         echo: EchoCanceller | None = None,
+        echo_gate: bool = False,
         clock: Clock | None = None,
         on_end: Callable[[], None] | None = None,
         on_state: Callable[[SessionState], None] | None = None,
@@ -132,6 +133,10 @@ class DuplexSession:
         self._on_state = on_state
         self.segmenter = segmenter if segmenter is not None else UtteranceSegmenter()
         self.gate = gate if gate is not None else OnsetGate()
+        # Opt-in second gate on the raw mic (beats AEC3's double-talk hold when the
+        # user is louder than the echo, at the price of more false pauses: see
+        # scripts/bench_duplex.py).
+        self._echo_gate = EchoAwareGate() if echo is not None and echo_gate else None
         self.player = PacedPlayer(
             self._send_frame,
             clock=clock,
@@ -234,10 +239,27 @@ class DuplexSession:
 
     def _process_frame(self, frame: bytes) -> bool:
         """Process one 10 ms frame; return False once the session has ended."""
+        raw = frame
         if self._echo is not None:
             frame = self._echo.process(frame)
         self.mic_ms += FRAME_MS
         gate_event = self.gate.process(frame)
+        if self._echo_gate is not None and self._echo is not None:
+            quiet = self.gate.level < self.gate.floor + self.gate.margin_db / 2
+            raw_event = self._echo_gate.process(
+                raw, self._echo.last_reference, learn=quiet
+            )
+            if (
+                raw_event is GateEvent.ONSET
+                and gate_event is None
+                and not self.gate.open
+            ):
+                gate_event = raw_event
+                onset_frame = self._echo_gate.onset_frame
+            else:
+                onset_frame = self.gate.onset_frame
+        else:
+            onset_frame = self.gate.onset_frame
         segment_event = self.segmenter.process_frame(frame)
         vad_mode = self.options.barge_in is BargeIn.VAD
 
@@ -246,7 +268,7 @@ class DuplexSession:
             and vad_mode
             and self.state is SessionState.SPEAKING
         ):
-            self._pause(self.gate.onset_frame)
+            self._pause(onset_frame)
         elif gate_event is GateEvent.QUIET and self.state is SessionState.RESUMING:
             self._set_state(SessionState.SPEAKING)
 
