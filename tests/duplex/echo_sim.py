@@ -200,6 +200,7 @@ class AnswerRun:
     pushes: int
     pauses: int
     false_barge_ins: int
+    pause_gaps_ms: list[int]  # pause -> resume, mic time, per false barge-in
     utterances: int
     onset_to_last_frame_ms: (
         float | None
@@ -222,6 +223,8 @@ async def run_answer(
     drift_ms: float = 2.0,
     gain_db: float = -8.0,
     sentences: tuple[str, ...] = SENTENCES,
+    stt_text: str = "words",
+    echo_gate: bool = False,
 ) -> AnswerRun:
     """Play one answer in a simulated room, optionally with the user talking over it."""
     import time  # noqa: PLC0415
@@ -238,7 +241,7 @@ async def run_answer(
     child = FakeChild()
 
     async def stt(pcm: bytes) -> str:
-        return "words"  # a real STT transcribes echo of speech as words too
+        return stt_text  # a real STT transcribes echo of speech as words too
 
     session = DuplexSession(
         child,
@@ -247,6 +250,7 @@ async def run_answer(
         send=device.send,
         clock=clock,
         echo=EchoCanceller() if aec else None,
+        echo_gate=echo_gate,
         options=DuplexOptions(end_silence_ms=0),
     )
     room = Room(
@@ -304,6 +308,7 @@ async def run_answer(
         pushes=stats.pushes,
         pauses=stats.pauses,
         false_barge_ins=stats.false_barge_ins,
+        pause_gaps_ms=list(stats.pause_gaps_ms),
         utterances=stats.utterances,
         onset_to_last_frame_ms=last_frame,
         onset_to_pause_ms=onset_to_pause,

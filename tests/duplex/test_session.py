@@ -30,6 +30,16 @@ COUGH = (7000).to_bytes(2, "little", signed=True) + (-7000).to_bytes(
 )
 
 
+WHISPER = (40).to_bytes(2, "little", signed=True) + (-40).to_bytes(
+    2, "little", signed=True
+)
+
+
+def whisper(ms: int) -> bytes:
+    """Frames the scripted VAD calls speech, far below the gate (like residual echo)."""
+    return WHISPER * (ms * 8)
+
+
 def speech(ms: int) -> bytes:
     """Loud frames the scripted VAD calls speech."""
     return SPEECH * (ms * 8)
@@ -47,7 +57,7 @@ def quiet(ms: int) -> bytes:
 
 def scripted_vad(frame: bytes) -> float:
     """Speech where the frame starts with the speech marker."""
-    return 1.0 if frame[:4] == SPEECH else 0.0
+    return 1.0 if frame[:4] in (SPEECH, WHISPER) else 0.0
 
 
 class Rig:
@@ -345,3 +355,24 @@ async def test_real_vad_on_a_spoken_clip(clip) -> None:
     assert child.pushes == ["turn on the kitchen light"]
     assert len(stt.heard[0]) > len(pcm) - (1000 + 1200) * 32  # the onset is kept
     await session.aclose()
+
+
+async def test_vad_alone_over_an_answer_is_echo(rig_factory) -> None:
+    """An utterance the VAD finds over the answer with no energy above the floor is dropped."""
+    rig = rig_factory("never asked")
+    text = "The light is on. Anything else?"
+    await start_answer(rig, text, hold_at=5)
+    rig.session.feed_mic(whisper(300) + quiet(150))
+    assert rig.session.state is SessionState.SPEAKING  # never paused
+    rig.transport.release()
+    await rig.child.acked_final.wait()
+    assert rig.session.stats.echo_utterances == 1
+    assert rig.stt.heard == [] and rig.child.pushes == []
+
+
+async def test_quiet_speech_while_listening_is_still_heard(rig_factory) -> None:
+    """The energy guard applies over an answer only: quiet speech while listening counts."""
+    rig = rig_factory("psst")
+    rig.session.feed_mic(whisper(300) + quiet(150))
+    await rig.child.pushed.wait()
+    assert rig.child.pushes == ["psst"]

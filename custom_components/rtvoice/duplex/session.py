@@ -75,11 +75,24 @@ class SessionStats:
     false_barge_ins: int = 0  # pauses that resumed
     wake_interrupts: int = 0
     dropped_utterances: int = 0  # spoken while speaking in wake_word/off mode
+    echo_utterances: int = 0  # VAD-only utterances over an answer, no energy: dropped
     stt_errors: int = 0
     tts_errors: int = 0
     last_pause_mic_ms: int | None = None  # mic position of the last pause
     last_onset_mic_ms: int | None = None  # where the gate put that onset
-    pause_mic_ms: list[int] = field(default_factory=list)
+    pause_mic_ms: list[int] = field(default_factory=list)  # mic positions of pauses
+    pause_gaps_ms: list[int] = field(
+        default_factory=list
+    )  # pause -> resume, false barge-ins
+
+
+@dataclass(slots=True)
+class _Track:
+    """The utterance the segmenter is in: whether it counts, and why not."""
+
+    ignored: bool = False  # started over an answer in wake_word/off mode
+    over_answer: bool = False  # started while an answer was playing or paused
+    energy: bool = False  # the onset gate was open at some point during it
 
 
 @dataclass
@@ -153,8 +166,7 @@ class DuplexSession:
         self._pending_rounds: set[int] = set()
         self._utterances: asyncio.Queue[_Utterance] = asyncio.Queue()
         self._transcribing = False
-        self._utterance_dropped = False  # the running utterance started while speaking
-        self._utterance_barge_in = False
+        self._utterance = _Track()
         self._paused_at_ms = 0
         self._silent_ms = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -216,7 +228,7 @@ class DuplexSession:
             self._cut_answer()
             self._child.interrupt()
         self.segmenter.restart()
-        self._utterance_dropped = False
+        self._utterance = _Track()
         self._set_state(SessionState.LISTENING)
 
     async def aclose(self) -> None:
@@ -262,6 +274,8 @@ class DuplexSession:
             onset_frame = self.gate.onset_frame
         segment_event = self.segmenter.process_frame(frame)
         vad_mode = self.options.barge_in is BargeIn.VAD
+        if self.gate.open or gate_event is GateEvent.ONSET:
+            self._utterance.energy = True
 
         if (
             gate_event is GateEvent.ONSET
@@ -288,22 +302,35 @@ class DuplexSession:
 
     def _utterance_started(self) -> None:
         self._silent_ms = 0
-        speaking = self.state in (SessionState.SPEAKING, SessionState.RESUMING)
-        if self.options.barge_in is not BargeIn.VAD and speaking:
-            self._utterance_dropped = True  # speech alone never interrupts here
-            return
-        self._utterance_dropped = False
-        if speaking:
-            self._pause(None)  # quiet speech the gate missed
-        self._utterance_barge_in = self.state is SessionState.PAUSED
+        playing = self.state in (
+            SessionState.SPEAKING,
+            SessionState.RESUMING,
+            SessionState.PAUSED,
+        )
+        self._utterance = _Track(
+            ignored=playing and self.options.barge_in is not BargeIn.VAD,
+            over_answer=playing,
+            energy=self.gate.open,
+        )
+        if self._utterance.ignored:
+            return  # speech alone never interrupts in wake_word/off mode
+        if self.state is SessionState.SPEAKING and self.gate.open:
+            self._pause(None)  # loud speech the gate saw but did not time as an onset
 
     def _utterance_ended(self, event: UtteranceEnded) -> None:
-        if self._utterance_dropped:
-            self._utterance_dropped = False
+        track, self._utterance = self._utterance, _Track()
+        if track.ignored:
             self.stats.dropped_utterances += 1
             return
+        if track.over_answer and not track.energy:
+            # The VAD alone, over the answer, with no energy above the floor: what
+            # it hears is residual echo (pymicro-vad fires on it); no words here.
+            self.stats.echo_utterances += 1
+            if self.state is SessionState.PAUSED and not self._stt_pending():
+                self._resume()
+            return
         self.stats.utterances += 1
-        self._utterances.put_nowait(_Utterance(event.pcm, self._utterance_barge_in))
+        self._utterances.put_nowait(_Utterance(event.pcm, track.over_answer))
         if self._stt_task is None:
             self._stt_task = asyncio.get_running_loop().create_task(
                 self._transcribe_loop(), name="rtvoice duplex stt"
@@ -388,6 +415,7 @@ class DuplexSession:
 
     def _resume(self) -> None:
         self.stats.false_barge_ins += 1
+        self.stats.pause_gaps_ms.append(self.mic_ms - self._paused_at_ms)
         self.player.resume()
         self._set_state(
             SessionState.RESUMING if self.gate.open else SessionState.SPEAKING
