@@ -198,7 +198,8 @@ async def test_noise_the_vad_ignores_resumes_after_the_confirm_window(
     rig.session.feed_mic(cough(100))
     assert rig.session.state is SessionState.PAUSED
     rig.transport.release()
-    rig.session.feed_mic(quiet(220))  # paused 30 ms into the burst: 290 ms so far
+    paused_for = rig.session.mic_ms - rig.session.stats.last_pause_mic_ms
+    rig.session.feed_mic(quiet(300 - paused_for - 10))
     assert rig.session.state is SessionState.PAUSED
     rig.session.feed_mic(quiet(10))
     assert rig.session.state in (SessionState.RESUMING, SessionState.SPEAKING)
@@ -207,17 +208,37 @@ async def test_noise_the_vad_ignores_resumes_after_the_confirm_window(
     assert rig.stt.heard == []
 
 
-async def test_resuming_waits_for_the_gate_to_close(rig_factory) -> None:
-    """After a false barge-in one long noise does not pause again and again."""
-    rig = rig_factory(confirm_ms=100)
+async def test_long_noise_resumes_at_the_cap_and_does_not_pause_again(
+    rig_factory,
+) -> None:
+    """A noise that goes on resumes after max_pause_ms; the same noise pauses no more."""
+    rig = rig_factory(confirm_ms=100, max_pause_ms=200)
     await start_answer(rig, "The light is on. Anything else?", hold_at=8)
-    rig.session.feed_mic(cough(130))
+    rig.session.feed_mic(cough(100))
+    assert rig.session.state is SessionState.PAUSED  # the gate is still open
+    paused_for = rig.session.mic_ms - rig.session.stats.last_pause_mic_ms
+    rig.session.feed_mic(cough(200 - paused_for))
     assert rig.session.state is SessionState.RESUMING
     rig.session.feed_mic(cough(300))
     assert rig.session.state is SessionState.RESUMING
     rig.session.feed_mic(quiet(200))
     assert rig.session.state is SessionState.SPEAKING
     assert rig.session.stats.pauses == 1
+    assert rig.session.stats.pause_gaps_ms == [200]
+    rig.transport.release()
+
+
+async def test_a_short_noise_resumes_once_the_gate_closes(rig_factory) -> None:
+    """After confirm_ms a burst that has ended resumes when the gate closes."""
+    rig = rig_factory(confirm_ms=100, max_pause_ms=2000)
+    await start_answer(rig, "The light is on. Anything else?", hold_at=8)
+    rig.session.feed_mic(cough(60))
+    assert rig.session.state is SessionState.PAUSED
+    closes_after = rig.session.gate.release_frames * 10
+    rig.session.feed_mic(quiet(closes_after - 10))
+    assert rig.session.state is SessionState.PAUSED
+    rig.session.feed_mic(quiet(10))
+    assert rig.session.state is SessionState.SPEAKING
     rig.transport.release()
 
 

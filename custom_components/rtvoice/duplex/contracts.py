@@ -96,6 +96,8 @@ class DuplexOptions:
     # After an onset pause, resume when the VAD has found no speech by then
     # (pymicro-vad finds speech 110-350 ms after its onset; the pause comes ~40 ms in).
     confirm_ms: int = 400
+    # ... but not while the gate is still open (sound goes on), up to this long.
+    max_pause_ms: int = 1500
     lead_ms: int = 100  # audio kept queued on the device
     frame_ms: int = 10  # answer audio frame size sent to the device
     early_first_clause_chars: int = 24  # see sentences.SentenceSplitter (0: off)

@@ -34,16 +34,23 @@ class OnsetGate:
         margin_db: float = 12.0,
         min_dbfs: float = -50.0,
         sustain_frames: int = 3,
+        strong_db: float = 10.0,
+        strong_frames: int = 2,
         release_frames: int = 15,
         rise_db_per_s: float = 3.0,
         fall_factor: float = 0.3,
         initial_floor_dbfs: float = -70.0,
         calibration_frames: int = 30,
     ) -> None:
-        """Open after ``sustain_frames`` frames ``margin_db`` over the floor (and over ``min_dbfs``)."""
+        """Open after ``sustain_frames`` frames ``margin_db`` over the floor (and over
+        ``min_dbfs``), or after ``strong_frames`` frames another ``strong_db`` over it.
+        """
         self.margin_db = margin_db
         self.min_dbfs = min_dbfs
         self.sustain_frames = sustain_frames
+        self.strong_db = strong_db
+        self.strong_frames = strong_frames
+        self._strong = 0
         self.release_frames = release_frames
         self._rise = rise_db_per_s * FRAME_MS / 1000
         self._fall = fall_factor
@@ -74,13 +81,15 @@ class OnsetGate:
             return None
         if loud:
             self._run += 1
-            if self._run >= self.sustain_frames:
+            strong = level >= self.floor + self.margin_db + self.strong_db
+            self._strong = self._strong + 1 if strong else 0
+            if self._run >= self.sustain_frames or self._strong >= self.strong_frames:
                 self.open = True
                 self.onset_frame = self.frames - self._run + 1
-                self._run = 0
+                self._run = self._strong = 0
                 return GateEvent.ONSET
             return None
-        self._run = 0
+        self._run = self._strong = 0
         self._track_floor(level)
         return None
 

@@ -291,14 +291,18 @@ class DuplexSession:
         elif isinstance(segment_event, UtteranceEnded):
             self._utterance_ended(segment_event)
 
-        if (
-            self.state is SessionState.PAUSED
-            and not self.segmenter.in_utterance
-            and not self._stt_pending()
-            and self.mic_ms - self._paused_at_ms >= self.options.confirm_ms
-        ):
+        if self.state is SessionState.PAUSED and self._no_speech_confirmed():
             self._resume()  # the VAD found no speech: a false onset
         return self._count_silence()
+
+    def _no_speech_confirmed(self) -> bool:
+        """Paused for an onset: has the VAD had its chance to find speech, and not?"""
+        if self.segmenter.in_utterance or self._stt_pending():
+            return False
+        paused_for = self.mic_ms - self._paused_at_ms
+        if paused_for < self.options.confirm_ms:
+            return False
+        return not self.gate.open or paused_for >= self.options.max_pause_ms
 
     def _utterance_started(self) -> None:
         self._silent_ms = 0
@@ -314,8 +318,11 @@ class DuplexSession:
         )
         if self._utterance.ignored:
             return  # speech alone never interrupts in wake_word/off mode
-        if self.state is SessionState.SPEAKING and self.gate.open:
-            self._pause(None)  # loud speech the gate saw but did not time as an onset
+        if self._utterance.energy and self.state in (
+            SessionState.SPEAKING,
+            SessionState.RESUMING,
+        ):
+            self._pause(None)  # the gate opened and the VAD agrees: speech
 
     def _utterance_ended(self, event: UtteranceEnded) -> None:
         track, self._utterance = self._utterance, _Track()
