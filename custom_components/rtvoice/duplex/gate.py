@@ -42,8 +42,10 @@ class OnsetGate:
         initial_floor_dbfs: float = -70.0,
         calibration_frames: int = 30,
     ) -> None:
-        """Open after ``sustain_frames`` frames ``margin_db`` over the floor (and over
-        ``min_dbfs``), or after ``strong_frames`` frames another ``strong_db`` over it.
+        """Open on ``sustain_frames`` loud frames, or ``strong_frames`` very loud ones.
+
+        Loud: ``margin_db`` over the floor and over ``min_dbfs``; very loud: another
+        ``strong_db`` above that.
         """
         self.margin_db = margin_db
         self.min_dbfs = min_dbfs

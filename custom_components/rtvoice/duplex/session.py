@@ -296,7 +296,7 @@ class DuplexSession:
         return self._count_silence()
 
     def _no_speech_confirmed(self) -> bool:
-        """Paused for an onset: has the VAD had its chance to find speech, and not?"""
+        """Return True when the VAD has had its chance to find speech, and has not."""
         if self.segmenter.in_utterance or self._stt_pending():
             return False
         paused_for = self.mic_ms - self._paused_at_ms
