@@ -72,6 +72,7 @@ class FakeChild:
         self.interrupts = 0
         self.pushed = asyncio.Event()
         self.acked_final = asyncio.Event()
+        self._final_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def push(self, text: str) -> Ticket:
         """Record the words and return a ticket for a new round."""
@@ -92,6 +93,18 @@ class FakeChild:
         self.acks.append((seq, chars, final))
         if final:
             self.acked_final.set()
+            count = len(self.finals())
+            for n, future in self._final_waiters:
+                if count >= n and not future.done():
+                    future.set_result(None)
+
+    async def final_acks(self, n: int) -> None:
+        """Wait until ``n`` final acknowledgements have arrived."""
+        if len(self.finals()) >= n:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._final_waiters.append((n, future))
+        await future
 
     def finals(self) -> list[tuple[int, int]]:
         """Return the final acknowledgements as (seq, chars)."""

@@ -330,9 +330,8 @@ async def test_a_newer_round_supersedes_the_playing_answer(rig_factory) -> None:
     rig.transport.release()
     assert rig.child.finals()[0][0] == 1
     rig.session.output_delta(1, "late delta ignored")
-    rig.child.acked_final.clear()
     await rig.answer(2, "the door is locked.")
-    await rig.child.acked_final.wait()
+    await rig.child.final_acks(2)
     assert [seq for seq, _ in rig.child.finals()] == [1, 2]
 
 
@@ -397,3 +396,55 @@ async def test_quiet_speech_while_listening_is_still_heard(rig_factory) -> None:
     rig.session.feed_mic(whisper(300) + quiet(150))
     await rig.child.pushed.wait()
     assert rig.child.pushes == ["psst"]
+
+
+async def test_a_hung_stt_times_out_and_the_answer_resumes(rig_factory) -> None:
+    """An STT that never answers is a failure after stt_timeout_s, not a stuck pause."""
+    rig = rig_factory("never", stt_timeout_s=0.01)
+    rig.stt.gate = asyncio.Event()  # never set: the STT hangs
+    await start_answer(rig, "The light is on. Anything else?", hold_at=5)
+    rig.session.feed_mic(speech(200) + quiet(150))
+    assert rig.session.state is SessionState.PAUSED
+    rig.transport.release()
+    await rig.child.acked_final.wait()
+    assert rig.session.stats.stt_errors == 1
+    assert rig.transport.audio == rig.tts.audio(0) + rig.tts.audio(1)
+
+
+async def test_a_stalled_tts_stream_skips_its_sentence(rig_factory) -> None:
+    """A TTS stream that stalls is a failed sentence after tts_chunk_timeout_s."""
+    rig = rig_factory(tts_chunk_timeout_s=0.01)
+    stalled = asyncio.Event()
+
+    async def tts(text: str):
+        if text == "Stuck here.":
+            stalled.set()
+            await asyncio.Event().wait()
+        yield b"\x05\x00" * 800
+
+    rig.session._tts = tts  # noqa: SLF001 - swap in a stalling peer
+    await rig.answer(1, "First. Stuck here. Last.")
+    await rig.child.acked_final.wait()
+    assert stalled.is_set()
+    assert rig.transport.audio == b"\x05\x00" * 1600
+    assert rig.session.stats.tts_errors == 1
+
+
+async def test_wake_word_while_thinking_interrupts_the_round(rig_factory) -> None:
+    """The wake word interrupts a round that has not said anything yet."""
+    rig = rig_factory("lights on", mode=BargeIn.WAKE_WORD)
+    await rig.say()
+    await rig.child.pushed.wait()
+    rig.session.wake_word_detected()
+    assert rig.child.interrupts == 1
+
+
+async def test_an_older_round_ending_late_is_acknowledged_empty(rig_factory) -> None:
+    """A round that said nothing and ends after a newer one started: heard nothing."""
+    rig = rig_factory()
+    rig.session.output_delta(3, "Newer round. ")
+    rig.session.output_end(2)
+    assert rig.child.finals() == [(2, 0)]
+    rig.session.output_end(3)
+    await rig.child.final_acks(2)
+    assert rig.child.finals() == [(2, 0), (3, len("Newer round. "))]

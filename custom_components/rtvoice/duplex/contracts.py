@@ -98,6 +98,8 @@ class DuplexOptions:
     confirm_ms: int = 400
     # ... but not while the gate is still open (sound goes on), up to this long.
     max_pause_ms: int = 1500
+    stt_timeout_s: float = 15.0  # a transcription that takes longer is a failure
+    tts_chunk_timeout_s: float = 15.0  # so is a TTS stream that stalls this long
     lead_ms: int = 100  # audio kept queued on the device
     frame_ms: int = 10  # answer audio frame size sent to the device
     early_first_clause_chars: int = 24  # see sentences.SentenceSplitter (0: off)

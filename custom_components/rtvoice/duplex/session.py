@@ -205,14 +205,14 @@ class DuplexSession:
         if self.state is SessionState.ENDED or seq <= self._last_closed_seq:
             return
         answer = self._answer
-        if answer is None or answer.seq < seq:
-            if answer is not None:
+        if answer is None or answer.seq != seq:
+            if answer is not None and answer.seq < seq:
                 self._cut_answer()
             # Nothing was said in this round: nothing was heard.
-            self._last_closed_seq = seq
+            self._last_closed_seq = max(self._last_closed_seq, seq)
             self._child.acknowledge(seq, 0, final=True)
             return
-        if answer.seq == seq and not answer.text_ended:
+        if not answer.text_ended:
             answer.text_ended = True
             for sentence in answer.splitter.flush():
                 answer.sentences.put_nowait(sentence)
@@ -223,7 +223,7 @@ class DuplexSession:
         if self.state is SessionState.ENDED:
             return
         self._silent_ms = 0
-        if self._answer is not None:
+        if self._answer is not None or self._pending_rounds:
             self.stats.wake_interrupts += 1
             self._cut_answer()
             self._child.interrupt()
@@ -370,7 +370,8 @@ class DuplexSession:
             utterance = await self._utterances.get()
             self._transcribing = True
             try:
-                text = (await self._stt(utterance.pcm)).strip()
+                async with asyncio.timeout(self.options.stt_timeout_s):
+                    text = (await self._stt(utterance.pcm)).strip()
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - one utterance lost, not the session
@@ -475,7 +476,11 @@ class DuplexSession:
         try:
             chunks = self._tts(sentence.text)
             async with _closing(chunks):
-                async for chunk in chunks:
+                while True:
+                    async with asyncio.timeout(self.options.tts_chunk_timeout_s):
+                        chunk = await anext(chunks, None)
+                    if chunk is None:
+                        break
                     if not chunk:
                         continue
                     position = self.player.enqueue(chunk)
