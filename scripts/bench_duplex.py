@@ -22,13 +22,23 @@ import time
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from custom_components.rtvoice.duplex import (
+    DuplexSession,
     EchoCanceller,
     OnsetGate,
     UtteranceSegmenter,
     echo_unavailable_reason,
 )
 from tests.duplex.conftest import noise
-from tests.duplex.echo_sim import SENTENCES, run_answer
+from tests.duplex.echo_sim import (
+    SENTENCES,
+    Device,
+    Drive,
+    Room,
+    SteppedClock,
+    pcm_steps,
+    run_answer,
+)
+from tests.duplex.fakes import FakeChild
 from tests.peers.speech import speak
 
 USER_PHRASES = (
@@ -84,6 +94,57 @@ async def barge_ins(
     return last_frame, dsp_per_chunk, missed
 
 
+class InstantChild(FakeChild):
+    """A kernel child whose model answers at once (the integration's own cost only)."""
+
+    def __init__(self) -> None:
+        """No session yet."""
+        super().__init__()
+        self.session: DuplexSession | None = None
+
+    def push(self, text: str):
+        """Answer the pushed words at once with one sentence."""
+        ticket = super().push(text)
+        assert self.session is not None
+        asyncio.get_running_loop().call_soon(
+            self.session.output_delta, ticket.seq, "Sure. "
+        )
+        asyncio.get_running_loop().call_soon(self.session.output_end, ticket.seq)
+        return ticket
+
+
+async def end_to_first_frame(users: list[bytes], n: int) -> list[float]:
+    """End of the user's speech in the mic -> first answer frame sent, instant peers."""
+    out: list[float] = []
+    for i in range(n):
+        clock = SteppedClock()
+        device = Device(clock=clock)
+        child = InstantChild()
+
+        async def stt(pcm: bytes) -> str:
+            return "words"
+
+        async def tts(text: str):
+            yield bytes(3200)
+
+        session = DuplexSession(child, stt=stt, tts=tts, send=device.send, clock=clock)
+        child.session = session
+        drive = Drive(session, device, Room(delay_ms=100, gain_db=-70, seed=i), clock)
+        for _ in range(50 + i % 7):
+            await drive.step()
+        user = users[i % len(users)]
+        speech_end = (
+            drive.steps * 10 + (len(user) - 300 * 32) / 32
+        ) / 1000  # tail: 300 ms
+        for step in pcm_steps(user):
+            await drive.step(step)
+        while not device.sent and drive.steps < 500:
+            await drive.step()
+        out.append((device.sent[0][0] - speech_end) * 1000)
+        await session.aclose()
+    return out
+
+
 async def main(quick: bool) -> None:
     """Print the table."""
     if (reason := echo_unavailable_reason()) is not None:
@@ -115,6 +176,12 @@ async def main(quick: bool) -> None:
         clips, users, n_barge, aec=True, gain_db=-20.0, echo_gate=True
     )
     row("barge-in over echo -20 dB, server AEC + echo-aware gate", latencies)
+
+    # 2. End of utterance -> first answer frame, instant STT/LLM/TTS.
+    row(
+        "end of speech → first answer frame (instant peers; VAD tail + 250 ms hangover)",
+        await end_to_first_frame(users, n_barge),
+    )
 
     # 3. False barge-in: a noise burst during playback, STT hears no words.
     gaps: list[float] = []

@@ -2,7 +2,26 @@
 
 Mic frames in, the answer's sentences out as paced audio frames, barge-in by voice,
 history acknowledged as heard. DESIGN §5.5; shared by the ESPHome and Wyoming
-adapters, which bind the kernel child, STT, TTS and the transport.
+adapters, which bind the kernel child, STT, TTS and the transport::
+
+    echo = EchoCanceller() if echo_unavailable_reason() is None else None
+    segmenter = await hass.async_add_executor_job(UtteranceSegmenter)  # warms the VAD
+    session = DuplexSession(
+        KernelChild(kernel, child_id),   # push / interrupt / acknowledge
+        stt=transcribe,                  # async (pcm) -> str, "" when no words
+        tts=synthesise,                  # (sentence) -> AsyncIterator[bytes], 16 kHz s16le
+        send=send_audio_frame,           # async (frame) -> None, to the device
+        options=DuplexOptions(barge_in=BargeIn.VAD),
+        segmenter=segmenter,
+        echo=echo,
+        on_end=return_to_wake_word,      # silence after the last answer
+    )
+    # the kernel's output side (the round's seq with each delta, and its end):
+    session.output_delta(seq, delta); session.output_end(seq)
+    # the device:
+    session.feed_mic(chunk)              # any size; blocking DSP (~0.4 ms per 32 ms)
+    session.wake_word_detected()         # wake_word barge-in mode
+    await session.aclose()               # no task left
 """
 
 from __future__ import annotations
