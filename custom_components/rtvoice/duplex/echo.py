@@ -1,0 +1,149 @@
+"""Server-side echo cancellation: WebRTC AEC3 through the ``livekit`` package (optional).
+
+The integration knows exactly what it sent to the speaker, so it can remove the echo
+of it from the mic itself (DESIGN §5.5). ``far_end`` places what the player sent on
+the mic's time line (when the device will play it); each 10 ms mic frame through
+``process`` first feeds the reference of the same 10 ms (silence when nothing plays)
+to ``process_reverse_stream``, then cleans the mic frame with ``process_stream``.
+AEC3 finds the acoustic delay itself; what it cannot follow well is a delay that
+jumps, so the reference must not shift when playback pauses and resumes: it is
+placed by the player's schedule, not queued.
+
+``livekit`` is optional: ``unavailable_reason()`` says why it cannot be used here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .audio import FRAME_BYTES, SAMPLE_RATE
+
+FRAME_SAMPLES = FRAME_BYTES // 2
+
+MAX_REFERENCE_MS = 2000
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """Return None when the echo canceller can run here, else why not."""
+    try:
+        from livekit import rtc  # noqa: PLC0415 - optional, heavy native wheel
+    except ImportError as err:
+        return f"the livekit package is not installed ({err}); pip install livekit"
+    if not hasattr(rtc, "AudioProcessingModule"):
+        return (
+            "the installed livekit package has no AudioProcessingModule (needs >= 1.0)"
+        )
+    return None
+
+
+class EchoCanceller:
+    """One AEC3 instance for one stream. Blocking calls, ~0.1 ms per 10 ms frame.
+
+    The reference is a time line in mic samples: ``far_end(pcm, at_sample=n)`` says
+    the device plays ``pcm`` while its mic records sample ``n`` onwards (the session
+    derives ``n`` from the player's schedule and the mic's arrival times). Each
+    ``process`` of the next 10 ms mic frame feeds the reference of the same 10 ms
+    first. Without ``at_sample`` the audio is placed right after the previous
+    reference (a FIFO; pauses then shift the echo delay, which AEC3 must re-learn).
+    """
+
+    def __init__(self, *, noise_suppression: bool = False) -> None:
+        """Create the APM; raise RuntimeError with the reason when it is unavailable."""
+        if (reason := unavailable_reason()) is not None:
+            raise RuntimeError(reason)
+        from livekit import rtc  # noqa: PLC0415
+
+        self._rtc: Any = rtc
+        self._apm = rtc.AudioProcessingModule(
+            echo_cancellation=True,
+            noise_suppression=noise_suppression,
+            high_pass_filter=True,
+        )
+        self._frames: dict[int, bytearray] = {}  # mic frame index -> reference
+        self._mic_frame = 0  # index of the next mic frame
+        self._reference_end = 0  # sample after the last reference sample placed
+        self._silence = bytes(FRAME_BYTES)
+        self.last_reference = self._silence  # what the last process() cancelled
+
+    @property
+    def mic_samples(self) -> int:
+        """Mic samples processed so far."""
+        return self._mic_frame * FRAME_SAMPLES
+
+    def far_end(self, pcm: bytes, *, at_sample: int | None = None) -> None:
+        """Place audio sent to the speaker on the mic's time line (any size)."""
+        start = self._reference_end if at_sample is None else at_sample
+        start = max(start, self.mic_samples)  # the past is gone
+        samples = len(pcm) // 2
+        self._reference_end = start + samples
+        horizon = self.mic_samples + MAX_REFERENCE_MS * SAMPLE_RATE // 1000
+        offset = 0
+        while offset < samples:
+            index, within = divmod(start + offset, FRAME_SAMPLES)
+            take = min(FRAME_SAMPLES - within, samples - offset)
+            if start + offset >= horizon:
+                break  # never hold more than MAX_REFERENCE_MS ahead
+            frame = self._frames.get(index)
+            if frame is None:
+                frame = self._frames[index] = bytearray(FRAME_BYTES)
+            frame[within * 2 : (within + take) * 2] = pcm[
+                offset * 2 : (offset + take) * 2
+            ]
+            offset += take
+
+    def reset_far_end(self) -> None:
+        """Forget reference audio not yet matched (e.g. the device dropped its queue)."""
+        self._frames.clear()
+        self._reference_end = self.mic_samples
+
+    def process(self, frame: bytes) -> bytes:
+        """Return the next 10 ms mic frame with the echo of the reference removed."""
+        if len(frame) != FRAME_BYTES:
+            raise ValueError(f"frames must be {FRAME_BYTES} bytes, got {len(frame)}")
+        reference = self._frames.pop(self._mic_frame, None) or self._silence
+        self.last_reference = bytes(reference)
+        self._mic_frame += 1
+        frame_cls = self._rtc.AudioFrame
+        self._apm.process_reverse_stream(
+            frame_cls(bytearray(reference), SAMPLE_RATE, 1, FRAME_SAMPLES)
+        )
+        mic = frame_cls(bytearray(frame), SAMPLE_RATE, 1, FRAME_SAMPLES)
+        self._apm.process_stream(mic)
+        return bytes(mic.data.cast("B"))
+
+
+class MicTimeline:
+    """Maps loop time to mic sample positions from the arrival of mic chunks.
+
+    A chunk ending at sample ``n`` that arrives at time ``t`` was recorded no later
+    than ``t``: ``t - n / rate`` bounds the offset from above, and the smallest
+    recent bound (least network delay) is the estimate. It creeps up by
+    ``creep_ms_per_s`` so a drifting device clock is followed.
+    """
+
+    def __init__(self, *, creep_ms_per_s: float = 1.0) -> None:
+        """Start with no estimate."""
+        self.offset: float | None = None
+        self._creep = creep_ms_per_s / 1000
+        self._samples = 0
+        self._last: float | None = None
+
+    def chunk(self, now: float, samples: int) -> None:
+        """Record that a mic chunk of ``samples`` samples arrived at ``now``."""
+        self._samples += samples
+        bound = now - self._samples / SAMPLE_RATE
+        if self.offset is None or self._last is None:
+            self.offset = bound
+        else:
+            self.offset = min(
+                self.offset + self._creep * max(0.0, now - self._last), bound
+            )
+        self._last = now
+
+    def sample_at(self, when: float) -> int | None:
+        """Return the mic sample being recorded at loop time ``when`` (None: unknown yet)."""
+        if self.offset is None:
+            return None
+        return round((when - self.offset) * SAMPLE_RATE)

@@ -1,0 +1,204 @@
+"""Paced playback: TTS audio to a transport at real-time pace with a small lead.
+
+Audio queued on the device cannot be stopped, so the player keeps at most ``lead_ms``
+(default 100 ms) there: it models the device's queue (each frame sent adds one frame
+time to when the device runs dry) and sends the next frame only when less than the
+lead is left. ``pause()`` stops sending at once — no frame is sent after it returns —
+``resume()`` continues with the next unsent byte, ``stop()`` drops the rest.
+
+Positions are byte offsets in everything sent to the transport since the player was
+made (padding included). ``played_bytes()`` is what the device has played by now:
+sent minus what is still queued there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+import contextlib
+import enum
+import logging
+
+from .audio import BYTES_PER_MS, FRAME_MS
+from .clock import Clock, LoopClock
+
+_LOGGER = logging.getLogger(__name__)
+
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class PlayerState(enum.Enum):
+    """Whether frames may be sent."""
+
+    PLAYING = "playing"  # sends whenever audio is queued (idle when none is)
+    PAUSED = "paused"
+    CLOSED = "closed"
+
+
+class PacedPlayer:
+    """Sends queued PCM in frames of ``frame_ms``, ``lead_ms`` ahead of the device."""
+
+    def __init__(
+        self,
+        send: Send,
+        *,
+        clock: Clock | None = None,
+        frame_ms: int = FRAME_MS,
+        lead_ms: int = 100,
+    ) -> None:
+        """Send frames through ``send``; pace them on ``clock`` (default: the loop's)."""
+        if frame_ms <= 0 or lead_ms < 0:
+            raise ValueError("frame_ms must be positive and lead_ms not negative")
+        self._send = send
+        self.clock: Clock = clock if clock is not None else LoopClock()
+        self.frame_bytes = frame_ms * BYTES_PER_MS
+        self._lead_s = lead_ms / 1000
+        self.state = PlayerState.PLAYING
+        self._buffer = bytearray()
+        self._finished = True  # no partial frame is waiting for more audio
+        self.sent_bytes = 0
+        self.enqueued_bytes = 0
+        self._device_free_at = 0.0  # when the device's queue runs dry
+        self.frame_play_at = 0.0  # when the frame being sent will start playing
+        self._changed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self.paused_at_played: int | None = None  # played_bytes() when paused
+
+    # --- feeding -----------------------------------------------------------------
+
+    def enqueue(self, pcm: bytes) -> int:
+        """Queue PCM after what is queued; return its start position."""
+        self._check_open()
+        start = self.enqueued_bytes
+        if pcm:  # an odd byte waits for its other half (chunks may split samples)
+            self._buffer += pcm
+            self.enqueued_bytes += len(pcm)
+            self._finished = False
+            self._idle.clear()
+            self._kick()
+        return start
+
+    def finish(self) -> None:
+        """No more audio follows for now: pad the last partial frame and send it."""
+        self._check_open()
+        remainder = len(self._buffer) % self.frame_bytes
+        if remainder:
+            padding = self.frame_bytes - remainder
+            self._buffer += bytes(padding)
+            self.enqueued_bytes += padding
+        self._finished = True
+        self._kick()
+
+    # --- control -----------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop sending now; what is queued stays queued."""
+        if self.state is PlayerState.PLAYING:
+            self.state = PlayerState.PAUSED
+            self.paused_at_played = self.played_bytes()
+
+    def resume(self) -> None:
+        """Continue with the next unsent byte."""
+        if self.state is PlayerState.PAUSED:
+            self.state = PlayerState.PLAYING
+            self.paused_at_played = None
+            self._kick()
+
+    def stop(self) -> int:
+        """Drop everything not yet sent (and leave pause); return the bytes dropped."""
+        dropped = len(self._buffer)
+        self._buffer.clear()
+        self.enqueued_bytes = self.sent_bytes
+        self._finished = True
+        if self.state is PlayerState.PAUSED:
+            self.state = PlayerState.PLAYING
+            self.paused_at_played = None
+        self._idle.set()
+        self._kick()
+        return dropped
+
+    async def aclose(self) -> None:
+        """Drop what is queued and end the sending task."""
+        self.stop()
+        self.state = PlayerState.CLOSED
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # --- what was played -----------------------------------------------------------
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued here, not yet sent."""
+        return len(self._buffer)
+
+    def device_queued_bytes(self) -> int:
+        """Bytes sent but not yet played by the device, by now."""
+        left = max(0.0, self._device_free_at - self.clock.now())
+        return min(self.sent_bytes, int(left * 1000) * BYTES_PER_MS)
+
+    def played_bytes(self) -> int:
+        """Position the device has played up to, by now."""
+        return self.sent_bytes - self.device_queued_bytes()
+
+    async def played(self) -> None:
+        """Return once everything queued has been sent and played (paused: waits)."""
+        while True:
+            await self._idle.wait()
+            if self._buffer or self.state is not PlayerState.PLAYING:
+                self._idle.clear()
+                continue
+            if self.clock.now() >= self._device_free_at:
+                return
+            await self.clock.sleep_until(self._device_free_at)
+
+    # --- the sending task ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.state is PlayerState.CLOSED:
+            raise RuntimeError("the player is closed")
+
+    def _kick(self) -> None:
+        self._changed.set()
+        if self._task is None and self.state is not PlayerState.CLOSED:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="rtvoice duplex player"
+            )
+
+    def _next_frame_ready(self) -> bool:
+        if self.state is not PlayerState.PLAYING or not self._buffer:
+            return False
+        return len(self._buffer) >= self.frame_bytes or self._finished
+
+    async def _run(self) -> None:
+        clock = self.clock
+        while True:
+            if not self._next_frame_ready():
+                if not self._buffer and self.state is PlayerState.PLAYING:
+                    self._idle.set()
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            deadline = self._device_free_at - self._lead_s
+            if deadline > clock.now():
+                await clock.sleep_until(deadline)
+                continue  # paused or stopped meanwhile? look again
+            frame = bytes(self._buffer[: self.frame_bytes])
+            del self._buffer[: self.frame_bytes]
+            self.sent_bytes += len(frame)
+            now = clock.now()
+            self.frame_play_at = max(self._device_free_at, now)
+            self._device_free_at = self.frame_play_at + (
+                len(frame) / BYTES_PER_MS / 1000
+            )
+            try:
+                await self._send(frame)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _LOGGER.exception("Sending an audio frame failed; dropping the rest")
+                self.stop()

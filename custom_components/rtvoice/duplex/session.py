@@ -1,0 +1,531 @@
+"""The duplex session: one open mic, one answer playing, barge-in by voice.
+
+Mic frames go (optionally) through the echo canceller, then the onset gate and the
+utterance segmenter. An utterance is transcribed; words are pushed into the kernel
+child (cancelling the round: latest wins). The kernel's output deltas are split into
+sentences, synthesised and played at real-time pace; what was played is acknowledged
+back as characters of the round's text.
+
+States (``SessionState``):
+
+- ``LISTENING``: no answer audio is playing (the answer may be thinking).
+- ``SPEAKING``: answer audio is playing.
+- ``PAUSED``: the gate heard a possible speech onset while speaking (``vad`` mode):
+  playback is paused, not cut, until the utterance is judged. Words → the answer is
+  cut at what was heard (acknowledged, final) and the words are pushed. No words (a
+  cough, a door) or no speech found within ``confirm_ms`` → resume.
+- ``RESUMING``: playing again after a false barge-in; the gate must go quiet before it
+  may pause again (one noise, one pause).
+- ``ENDED``: closed, or silent for ``end_silence_ms`` after the last answer.
+
+In ``wake_word`` mode speech never pauses an answer; ``wake_word_detected()`` cuts it.
+In ``off`` mode nothing interrupts while speaking (utterances that start then are
+dropped). Silence is counted in mic audio, so no timer task exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+import contextlib
+from dataclasses import dataclass, field
+import enum
+from functools import partial
+import logging
+from typing import Any
+
+from .audio import FRAME_BYTES, FRAME_MS, FrameChunker
+from .clock import Clock
+from .contracts import (
+    BargeIn,
+    ConversationChild,
+    DuplexOptions,
+    SendFrame,
+    SpeechToText,
+    TextToSpeech,
+)
+from .echo import EchoCanceller, MicTimeline
+from .gate import EchoAwareGate, GateEvent, OnsetGate
+from .heard import HeardLedger
+from .player import PacedPlayer, PlayerState
+from .segmenter import UtteranceEnded, UtteranceSegmenter, UtteranceStarted
+from .sentences import Sentence, SentenceSplitter
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class SessionState(enum.StrEnum):
+    """Where the session is (see the module docstring)."""
+
+    LISTENING = "listening"
+    SPEAKING = "speaking"
+    PAUSED = "paused"
+    RESUMING = "resuming"
+    ENDED = "ended"
+
+
+@dataclass
+class SessionStats:
+    """Counters of one session (diagnostics and benchmarks)."""
+
+    utterances: int = 0
+    pushes: int = 0
+    barge_ins: int = 0  # answers cut by the user's words
+    pauses: int = 0  # onset pauses
+    false_barge_ins: int = 0  # pauses that resumed
+    wake_interrupts: int = 0
+    dropped_utterances: int = 0  # spoken while speaking in wake_word/off mode
+    echo_utterances: int = 0  # VAD-only utterances over an answer, no energy: dropped
+    stt_errors: int = 0
+    tts_errors: int = 0
+    last_pause_mic_ms: int | None = None  # mic position of the last pause
+    last_onset_mic_ms: int | None = None  # where the gate put that onset
+    pause_mic_ms: list[int] = field(default_factory=list)  # mic positions of pauses
+    pause_gaps_ms: list[int] = field(
+        default_factory=list
+    )  # pause -> resume, false barge-ins
+
+
+@dataclass(slots=True)
+class _Track:
+    """The utterance the segmenter is in: whether it counts, and why not."""
+
+    ignored: bool = False  # started over an answer in wake_word/off mode
+    over_answer: bool = False  # started while an answer was playing or paused
+    energy: bool = False  # the onset gate was open at some point during it
+
+
+@dataclass
+class _Utterance:
+    """An utterance on its way to the STT."""
+
+    pcm: bytes
+    barge_in: bool  # started while an answer was paused for it
+
+
+class _Answer:
+    """The output of one round: its sentences, their audio, what was heard."""
+
+    def __init__(self, seq: int, early_chars: int) -> None:
+        self.seq = seq
+        self.splitter = SentenceSplitter(early_min_chars=early_chars)
+        self.ledger = HeardLedger(seq)
+        self.sentences: asyncio.Queue[Sentence | None] = asyncio.Queue()
+        self.text_ended = False
+        self.task: asyncio.Task[None] | None = None
+        self.acked = 0
+
+
+class DuplexSession:
+    """One conversation over one open mic. Not thread-safe: call it from the loop."""
+
+    def __init__(
+        self,
+        child: ConversationChild,
+        *,
+        stt: SpeechToText,
+        tts: TextToSpeech,
+        send: SendFrame,
+        options: DuplexOptions | None = None,
+        segmenter: UtteranceSegmenter | None = None,
+        gate: OnsetGate | None = None,
+        echo: EchoCanceller | None = None,
+        echo_gate: bool = False,
+        clock: Clock | None = None,
+        on_end: Callable[[], None] | None = None,
+        on_state: Callable[[SessionState], None] | None = None,
+    ) -> None:
+        """Bind the child, STT, TTS and transport; ``segmenter`` default: a warmed VAD (blocking)."""
+        self.options = options if options is not None else DuplexOptions()
+        self._child = child
+        self._stt = stt
+        self._tts = tts
+        self._send = send
+        self._echo = echo
+        self._on_end = on_end
+        self._on_state = on_state
+        self.segmenter = segmenter if segmenter is not None else UtteranceSegmenter()
+        self.gate = gate if gate is not None else OnsetGate()
+        # Opt-in second gate on the raw mic (beats AEC3's double-talk hold when the
+        # user is louder than the echo, at the price of more false pauses: see
+        # scripts/bench_duplex.py).
+        self._echo_gate = EchoAwareGate() if echo is not None and echo_gate else None
+        self.player = PacedPlayer(
+            self._send_frame,
+            clock=clock,
+            frame_ms=self.options.frame_ms,
+            lead_ms=self.options.lead_ms,
+        )
+        self.state = SessionState.LISTENING
+        self.stats = SessionStats()
+        self._chunker = FrameChunker(FRAME_BYTES)
+        self._timeline = MicTimeline()
+        self.mic_ms = 0
+        self._answer: _Answer | None = None
+        self._last_closed_seq = 0
+        self._pending_rounds: set[int] = set()
+        self._utterances: asyncio.Queue[_Utterance] = asyncio.Queue()
+        self._transcribing = False
+        self._utterance = _Track()
+        self._paused_at_ms = 0
+        self._silent_ms = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stt_task: asyncio.Task[None] | None = None
+
+    # --- inputs ----------------------------------------------------------------------
+
+    def feed_mic(self, pcm: bytes) -> None:
+        """Process mic audio (16 kHz mono s16le, any chunk size). Blocking DSP."""
+        if self.state is SessionState.ENDED:
+            return
+        if self._echo is not None:
+            self._timeline.chunk(self.player.clock.now(), len(pcm) // 2)
+        for frame in self._chunker.feed(pcm):
+            if not self._process_frame(frame):
+                return
+
+    def output_delta(self, seq: int, text: str) -> None:
+        """Take a text delta of round ``seq`` (from the kernel's output handler)."""
+        if self.state is SessionState.ENDED or seq <= self._last_closed_seq:
+            return
+        answer = self._answer
+        if answer is not None and seq < answer.seq:
+            return
+        if answer is None or answer.seq != seq:
+            if answer is not None:
+                self._cut_answer()  # a newer round supersedes what plays
+            answer = self._open_answer(seq)
+        self._silent_ms = 0
+        for sentence in answer.splitter.feed(text):
+            answer.sentences.put_nowait(sentence)
+
+    def output_end(self, seq: int) -> None:
+        """Round ``seq`` will emit no more text (completed, cut or failed)."""
+        self._pending_rounds.discard(seq)
+        if self.state is SessionState.ENDED or seq <= self._last_closed_seq:
+            return
+        answer = self._answer
+        if answer is None or answer.seq != seq:
+            if answer is not None and answer.seq < seq:
+                self._cut_answer()
+            # Nothing was said in this round: nothing was heard.
+            self._last_closed_seq = max(self._last_closed_seq, seq)
+            self._child.acknowledge(seq, 0, final=True)
+            return
+        if not answer.text_ended:
+            answer.text_ended = True
+            for sentence in answer.splitter.flush():
+                answer.sentences.put_nowait(sentence)
+            answer.sentences.put_nowait(None)
+
+    def wake_word_detected(self) -> None:
+        """Interrupt the answer: the wake word was heard; what follows is a new utterance."""
+        if self.state is SessionState.ENDED:
+            return
+        self._silent_ms = 0
+        if self._answer is not None or self._pending_rounds:
+            self.stats.wake_interrupts += 1
+            self._cut_answer()
+            self._child.interrupt()
+        self.segmenter.restart()
+        self._utterance = _Track()
+        self._set_state(SessionState.LISTENING)
+
+    async def aclose(self) -> None:
+        """End the session; no task is left running."""
+        self.state = SessionState.ENDED
+        tasks = list(self._tasks)
+        if self._stt_task is not None:
+            tasks.append(self._stt_task)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self._stt_task = None
+        self._answer = None
+        await self.player.aclose()
+
+    # --- mic path ----------------------------------------------------------------------
+
+    def _process_frame(self, frame: bytes) -> bool:
+        """Process one 10 ms frame; return False once the session has ended."""
+        raw = frame
+        if self._echo is not None:
+            frame = self._echo.process(frame)
+        self.mic_ms += FRAME_MS
+        gate_event = self.gate.process(frame)
+        if self._echo_gate is not None and self._echo is not None:
+            quiet = self.gate.level < self.gate.floor + self.gate.margin_db / 2
+            raw_event = self._echo_gate.process(
+                raw, self._echo.last_reference, learn=quiet
+            )
+            if (
+                raw_event is GateEvent.ONSET
+                and gate_event is None
+                and not self.gate.open
+            ):
+                gate_event = raw_event
+                onset_frame = self._echo_gate.onset_frame
+            else:
+                onset_frame = self.gate.onset_frame
+        else:
+            onset_frame = self.gate.onset_frame
+        segment_event = self.segmenter.process_frame(frame)
+        vad_mode = self.options.barge_in is BargeIn.VAD
+        if self.gate.open or gate_event is GateEvent.ONSET:
+            self._utterance.energy = True
+
+        if (
+            gate_event is GateEvent.ONSET
+            and vad_mode
+            and self.state is SessionState.SPEAKING
+        ):
+            self._pause(onset_frame)
+        elif gate_event is GateEvent.QUIET and self.state is SessionState.RESUMING:
+            self._set_state(SessionState.SPEAKING)
+
+        if isinstance(segment_event, UtteranceStarted):
+            self._utterance_started()
+        elif isinstance(segment_event, UtteranceEnded):
+            self._utterance_ended(segment_event)
+
+        if self.state is SessionState.PAUSED and self._no_speech_confirmed():
+            self._resume()  # the VAD found no speech: a false onset
+        return self._count_silence()
+
+    def _no_speech_confirmed(self) -> bool:
+        """Return True when the VAD has had its chance to find speech, and has not."""
+        if self.segmenter.in_utterance or self._stt_pending():
+            return False
+        paused_for = self.mic_ms - self._paused_at_ms
+        if paused_for < self.options.confirm_ms:
+            return False
+        return not self.gate.open or paused_for >= self.options.max_pause_ms
+
+    def _utterance_started(self) -> None:
+        self._silent_ms = 0
+        playing = self.state in (
+            SessionState.SPEAKING,
+            SessionState.RESUMING,
+            SessionState.PAUSED,
+        )
+        self._utterance = _Track(
+            ignored=playing and self.options.barge_in is not BargeIn.VAD,
+            over_answer=playing,
+            energy=self.gate.open,
+        )
+        if self._utterance.ignored:
+            return  # speech alone never interrupts in wake_word/off mode
+        if self._utterance.energy and self.state in (
+            SessionState.SPEAKING,
+            SessionState.RESUMING,
+        ):
+            self._pause(None)  # the gate opened and the VAD agrees: speech
+
+    def _utterance_ended(self, event: UtteranceEnded) -> None:
+        track, self._utterance = self._utterance, _Track()
+        if track.ignored:
+            self.stats.dropped_utterances += 1
+            return
+        if track.over_answer and not track.energy:
+            # The VAD alone, over the answer, with no energy above the floor: what
+            # it hears is residual echo (pymicro-vad fires on it); no words here.
+            self.stats.echo_utterances += 1
+            if self.state is SessionState.PAUSED and not self._stt_pending():
+                self._resume()
+            return
+        self.stats.utterances += 1
+        self._utterances.put_nowait(_Utterance(event.pcm, track.over_answer))
+        if self._stt_task is None:
+            self._stt_task = asyncio.get_running_loop().create_task(
+                self._transcribe_loop(), name="rtvoice duplex stt"
+            )
+
+    def _stt_pending(self) -> bool:
+        return self._transcribing or not self._utterances.empty()
+
+    def _count_silence(self) -> bool:
+        if (
+            self.options.end_silence_ms <= 0
+            or self.state is not SessionState.LISTENING
+            or self._answer is not None
+            or self._pending_rounds
+            or self.segmenter.in_utterance
+            or self._stt_pending()
+        ):
+            self._silent_ms = 0
+            return self.state is not SessionState.ENDED
+        self._silent_ms += FRAME_MS
+        if self._silent_ms < self.options.end_silence_ms:
+            return True
+        self._set_state(SessionState.ENDED)
+        if self._on_end is not None:
+            self._on_end()
+        return False
+
+    async def _transcribe_loop(self) -> None:
+        while True:
+            utterance = await self._utterances.get()
+            self._transcribing = True
+            try:
+                async with asyncio.timeout(self.options.stt_timeout_s):
+                    text = (await self._stt(utterance.pcm)).strip()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - one utterance lost, not the session
+                self.stats.stt_errors += 1
+                _LOGGER.error(
+                    "Speech-to-text failed for an utterance: %s", type(err).__name__
+                )
+                text = ""
+            finally:
+                self._transcribing = False
+            self._transcribed(text)
+
+    def _transcribed(self, text: str) -> None:
+        if self.state is SessionState.ENDED:
+            return
+        if text:
+            if self.state is SessionState.PAUSED or self._answer is not None:
+                self.stats.barge_ins += 1
+            self._cut_answer()
+            ticket = self._child.push(text)
+            self.stats.pushes += 1
+            self._pending_rounds.add(ticket.seq)
+            ticket.outcome.add_done_callback(partial(self._round_settled, ticket.seq))
+            self._set_state(SessionState.LISTENING)
+        elif (
+            self.state is SessionState.PAUSED
+            and not self.segmenter.in_utterance
+            and not self._stt_pending()
+        ):
+            self._resume()
+
+    def _round_settled(self, seq: int, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved: the kernel's caller reports it
+        self.output_end(seq)
+
+    # --- playback ------------------------------------------------------------------
+
+    def _pause(self, onset_frame: int | None) -> None:
+        self.player.pause()
+        self.stats.pauses += 1
+        self._paused_at_ms = self.mic_ms
+        self.stats.last_pause_mic_ms = self.mic_ms
+        self.stats.last_onset_mic_ms = (
+            (onset_frame - 1) * FRAME_MS if onset_frame is not None else None
+        )
+        self.stats.pause_mic_ms.append(self.mic_ms)
+        self._set_state(SessionState.PAUSED)
+
+    def _resume(self) -> None:
+        self.stats.false_barge_ins += 1
+        self.stats.pause_gaps_ms.append(self.mic_ms - self._paused_at_ms)
+        self.player.resume()
+        self._set_state(
+            SessionState.RESUMING if self.gate.open else SessionState.SPEAKING
+        )
+
+    def _open_answer(self, seq: int) -> _Answer:
+        answer = _Answer(seq, self.options.early_first_clause_chars)
+        self._answer = answer
+        answer.task = asyncio.get_running_loop().create_task(
+            self._speak(answer), name=f"rtvoice duplex answer {seq}"
+        )
+        self._tasks.add(answer.task)
+        answer.task.add_done_callback(self._tasks.discard)
+        return answer
+
+    def _cut_answer(self) -> None:
+        """Stop the answer now and acknowledge what was heard of it (final)."""
+        answer = self._answer
+        if answer is None:
+            return
+        self._answer = None
+        self._last_closed_seq = max(self._last_closed_seq, answer.seq)
+        played = self.player.paused_at_played
+        if played is None or self.player.state is not PlayerState.PAUSED:
+            played = self.player.played_bytes()
+        self.player.stop()
+        if answer.task is not None:
+            answer.task.cancel()
+        self._child.acknowledge(
+            answer.seq, answer.ledger.heard_chars(played), final=True
+        )
+        if self.state is not SessionState.ENDED:
+            self._set_state(SessionState.LISTENING)
+
+    async def _speak(self, answer: _Answer) -> None:
+        while (sentence := await answer.sentences.get()) is not None:
+            self._acknowledge_progress(answer)
+            await self._synthesise(answer, sentence)
+        self.player.finish()
+        await self.player.played()
+        if self._answer is not answer:
+            return
+        self._answer = None
+        self._last_closed_seq = max(self._last_closed_seq, answer.seq)
+        self._child.acknowledge(answer.seq, answer.splitter.length, final=True)
+        self._set_state(SessionState.LISTENING)
+
+    async def _synthesise(self, answer: _Answer, sentence: Sentence) -> None:
+        started = False
+        try:
+            chunks = self._tts(sentence.text)
+            async with _closing(chunks):
+                while True:
+                    async with asyncio.timeout(self.options.tts_chunk_timeout_s):
+                        chunk = await anext(chunks, None)
+                    if chunk is None:
+                        break
+                    if not chunk:
+                        continue
+                    position = self.player.enqueue(chunk)
+                    if not started:
+                        started = True
+                        answer.ledger.add(sentence, position)
+                        if self.state is SessionState.LISTENING:
+                            self._set_state(SessionState.SPEAKING)
+                    answer.ledger.extend(self.player.enqueued_bytes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - one sentence lost, not the answer
+            self.stats.tts_errors += 1
+            _LOGGER.error(
+                "Text-to-speech failed for a sentence: %s", type(err).__name__
+            )
+            if not started:
+                answer.ledger.skip(sentence)
+
+    def _acknowledge_progress(self, answer: _Answer) -> None:
+        heard = answer.ledger.heard_chars(self.player.played_bytes())
+        if heard > answer.acked:
+            answer.acked = heard
+            self._child.acknowledge(answer.seq, heard)
+
+    async def _send_frame(self, frame: bytes) -> None:
+        if self._echo is not None:
+            at = self._timeline.sample_at(self.player.frame_play_at)
+            self._echo.far_end(frame, at_sample=at)
+        await self._send(frame)
+
+    def _set_state(self, state: SessionState) -> None:
+        if state is self.state:
+            return
+        self.state = state
+        if self._on_state is not None:
+            self._on_state(state)
+
+
+@contextlib.asynccontextmanager
+async def _closing(chunks: AsyncIterator[bytes]) -> AsyncIterator[None]:
+    """Close an async generator when its consumer stops early (cut or error)."""
+    try:
+        yield
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,1 @@
+"""Tests of the duplex core (no Home Assistant needed)."""
