@@ -30,6 +30,9 @@ from .const import DOMAIN
 from .kernel import Outcome, ToolCall
 
 APOLOGY: Final = "Sorry, I couldn't reach the language model."
+# What HA's own agent says when it cannot make sense of the words (its English
+# "no intent" answer).
+NOT_UNDERSTOOD: Final = "Sorry, I couldn't understand that"
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,19 @@ def _record_tool(chat_log: ChatLog, agent_id: str, record: _ToolRecord) -> None:
             tool_result=tool_result_object(record.result),
         )
     )
+
+
+def not_understood_result(*, language: str, conversation_id: str) -> ConversationResult:
+    """Return HA's default agent's answer to words it cannot understand.
+
+    Used for blank input: the same error code (``no_intent_match``) and speech, so
+    a pipeline or the Assist dialog treats it as HA's own agent's answer.
+    """
+    response = intent.IntentResponse(language=language)
+    response.async_set_error(
+        intent.IntentResponseErrorCode.NO_INTENT_MATCH, NOT_UNDERSTOOD
+    )
+    return ConversationResult(response=response, conversation_id=conversation_id)
 
 
 def conversation_result(

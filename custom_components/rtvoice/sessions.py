@@ -62,7 +62,7 @@ from homeassistant.util.ulid import ulid_now
 from . import compat
 from .availability import BrainAvailability
 from .brain import Brain
-from .chat_feed import ChatLogFeed, conversation_result
+from .chat_feed import ChatLogFeed, conversation_result, not_understood_result
 from .const import (
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
@@ -265,6 +265,14 @@ class SessionManager:
         self, user_input: ConversationInput, chat_log: ChatLog, agent_id: str
     ) -> ConversationResult:
         """Answer one turn of a conversation (the conversation entity calls this)."""
+        if not user_input.text.strip():
+            # Nothing to answer (an empty Assist message, a blank text input): answer
+            # as HA's own agent does and start nothing.
+            _LOGGER.debug("Blank input: not understood, no conversation started")
+            return not_understood_result(
+                language=user_input.language,
+                conversation_id=self.resolve(chat_log.conversation_id),
+            )
         try:
             session = await self._async_route(user_input, chat_log)
         except asyncio.CancelledError:
