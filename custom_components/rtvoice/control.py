@@ -94,7 +94,8 @@ class ControlPlane:
     def send(self, conversation_id: str, text: str) -> int:
         """Push ``text`` into a live conversation (interrupting it); the input seq.
 
-        Raises ``UnknownConversationError`` when no live conversation has the id.
+        Raises ``EmptyInputError`` for blank text, ``UnknownConversationError`` when
+        no live conversation has the id.
         """
         ticket = self._sessions.push(conversation_id, text)
         ticket.outcome.add_done_callback(

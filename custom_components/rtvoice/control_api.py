@@ -242,8 +242,8 @@ class RtChildrenTool(_EntryTool):
     def _send(self, args: dict[str, Any]) -> JsonObjectType:
         conversation_id: str = args.get("id", "")
         text: str = args.get("text", "")
-        if not conversation_id or not text:
-            return _error("send needs id and text.")
+        if not conversation_id or not text.strip():
+            return _error("send needs id and a non-blank text.")
         try:
             seq = self._entry.runtime_data.control.send(conversation_id, text)
         except UnknownConversationError:

@@ -19,3 +19,7 @@ class UnknownSatelliteError(RtVoiceError):
 
 class UnknownConversationError(RtVoiceError):
     """No live conversation has that id (unknown, closing or ended)."""
+
+
+class EmptyInputError(RtVoiceError):
+    """The text sent to a conversation is empty or blank."""

@@ -73,7 +73,8 @@ START_CONVERSATION_SCHEMA: Final = vol.Schema(
 SEND_SCHEMA: Final = vol.Schema(
     {
         vol.Required(ATTR_CONVERSATION_ID): _CONVERSATION_ID,
-        vol.Required(ATTR_TEXT): vol.All(cv.string, vol.Length(min=1)),
+        # Blank text gets its own translated error from the handler.
+        vol.Required(ATTR_TEXT): cv.string,
     }
 )
 STOP_CONVERSATION_SCHEMA: Final = vol.Schema(
@@ -202,9 +203,14 @@ async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
 
 async def _async_send(call: ServiceCall) -> ServiceResponse:
     conversation_id: str = call.data[ATTR_CONVERSATION_ID]
+    text: str = call.data[ATTR_TEXT]
+    if not text.strip():
+        raise ServiceValidationError(
+            translation_domain=DOMAIN, translation_key="empty_text"
+        )
     entry = _entry_for_conversation(call.hass, conversation_id)
     try:
-        seq = entry.runtime_data.control.send(conversation_id, call.data[ATTR_TEXT])
+        seq = entry.runtime_data.control.send(conversation_id, text)
     except UnknownConversationError as err:  # known, but not live: ended or closing
         raise _closed_error(conversation_id) from err
     return {"seq": seq}

@@ -79,7 +79,7 @@ from .const import (
     SIGNAL_SESSION_UPDATE,
     STATE_CLOSED,
 )
-from .errors import UnknownConversationError
+from .errors import EmptyInputError, UnknownConversationError
 from .kernel import (
     Capability,
     ChannelDef,
@@ -457,7 +457,13 @@ class SessionManager:
         return session.id
 
     def push(self, conversation_id: str, text: str) -> Ticket:
-        """Push ``text`` into a live conversation (interrupting it)."""
+        """Push ``text`` into a live conversation (interrupting it).
+
+        Raises ``EmptyInputError`` for blank text (before looking at the id),
+        ``UnknownConversationError`` when no live conversation has the id.
+        """
+        if not text.strip():
+            raise EmptyInputError("the text is empty")
         return self._push(self._live(conversation_id), text)
 
     def spoken(self, conversation_id: str, ticket: Ticket, outcome: Outcome) -> str:

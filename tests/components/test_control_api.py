@@ -233,7 +233,7 @@ async def test_bad_arguments_and_unknown_ids(
     assert "action" in str(bad_action["error"])
     assert "error" in await agent.children(action="send", id=live)
     assert (await agent.children(action="send", text="Hi")) == {
-        "error": "send needs id and text."
+        "error": "send needs id and a non-blank text."
     }
     assert (await agent.children(action="stop")) == {"error": "stop needs id."}
     # Unknown arguments are ignored (models add some), unknown ids are explained.

@@ -6,19 +6,31 @@ real HA users (``hass_admin_user`` / ``hass_read_only_user``, a non-admin).
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.chat_feed import NOT_UNDERSTOOD
-from custom_components.rtvoice.const import BRAIN_HA_AGENT, CONF_BRAIN
+from custom_components.rtvoice.const import BRAIN_HA_AGENT, CONF_BRAIN, DOMAIN
+from custom_components.rtvoice.services import (
+    SERVICE_SEND,
+    SERVICE_STOP_CONVERSATION,
+)
 from homeassistant.components import conversation
 from homeassistant.core import Context
+from homeassistant.exceptions import ServiceValidationError
 from homeassistant.helpers import intent
+from tests.components.test_services import call, send_answered, start
 from tests.components.pipeline.helpers import AGENT, Home, async_setup_rtvoice
-from tests.peers.openai_server import OpenAIPeer
+from tests.peers.openai_server import OpenAIPeer, Text
+
+TRANSLATIONS = (
+    Path(__file__).parents[2] / "custom_components" / DOMAIN / "translations" / "en.json"
+)
 
 
 def rtvoice_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -57,3 +69,61 @@ async def test_blank_input_is_not_understood(
     assert home.control.known_ids() == []
     assert openai_peer.requests == []
     assert rtvoice_records(caplog) == []
+
+
+# ── 2: distinct translated errors of the actions ─────────────────────────────────
+
+
+async def action_error(
+    hass: Any, action: str, data: dict[str, Any], context: Context | None = None
+) -> ServiceValidationError:
+    """Call an rtvoice action that must fail validation; return its error."""
+    with pytest.raises(ServiceValidationError) as caught:
+        await hass.services.async_call(
+            DOMAIN, action, data, blocking=True, return_response=True, context=context
+        )
+    return caught.value
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+async def test_send_blank_text_on_a_live_conversation(
+    home: Home, entry: MockConfigEntry, text: str
+) -> None:
+    """Blank text is its own error, not "the conversation has ended"."""
+    hass = home.hass
+    conversation_id = await start(hass, satellite=None)
+    err = await action_error(
+        hass, SERVICE_SEND, {"conversation_id": conversation_id, "text": text}
+    )
+    assert err.translation_domain == DOMAIN
+    assert err.translation_key == "empty_text"
+    assert "ended" not in str(err)
+    # The conversation is still live and got no input.
+    [listed] = home.control.list_conversations()
+    assert listed["id"] == conversation_id
+    assert listed["stats"]["last_seq"] == 0
+
+
+async def test_send_errors_are_distinct(
+    home: Home, entry: MockConfigEntry, openai_peer: OpenAIPeer
+) -> None:
+    """Unknown id, ended conversation and blank text each have their own message."""
+    hass = home.hass
+    conversation_id = await start(hass, satellite=None)
+    openai_peer.enqueue(Text("Hello."))
+    await send_answered(home, conversation_id, "Hi")
+    await call(hass, SERVICE_STOP_CONVERSATION, {"conversation_id": conversation_id})
+    keys = {
+        (await action_error(hass, SERVICE_SEND, data)).translation_key
+        for data in (
+            {"conversation_id": "01NOSUCHCONVERSATION0000000", "text": "hi"},
+            {"conversation_id": conversation_id, "text": "hi"},
+            {"conversation_id": conversation_id, "text": " "},
+        )
+    }
+    assert keys == {"unknown_conversation", "conversation_closed", "empty_text"}
+    # Messages exist for every key the actions raise.
+    messages = json.loads(TRANSLATIONS.read_text())["exceptions"]
+    assert {"unknown_conversation", "empty_text", "conversation_closed"} <= set(
+        messages
+    )

@@ -301,7 +301,6 @@ async def test_transcript_page_bounds_are_validated(
 @pytest.mark.parametrize(
     ("action", "data"),
     [
-        (SERVICE_SEND, {"text": ""}),
         (SERVICE_SEND, {}),
         (SERVICE_STOP_CONVERSATION, {"conversation_id": ""}),
     ],
@@ -309,7 +308,10 @@ async def test_transcript_page_bounds_are_validated(
 async def test_required_fields(
     home: Home, entry: MockConfigEntry, action: str, data: dict[str, Any]
 ) -> None:
-    """Empty or missing ids and texts are schema errors."""
+    """Empty or missing ids and a missing text are schema errors.
+
+    Blank text is the action's own translated error (tests/components/test_first_use.py).
+    """
     with pytest.raises(vol.Invalid):
         await call(home.hass, action, {"conversation_id": "x", **data})
 
