@@ -16,25 +16,26 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.chat_feed import NOT_UNDERSTOOD
 from custom_components.rtvoice.const import BRAIN_HA_AGENT, CONF_BRAIN, DOMAIN
-from custom_components.rtvoice.services import (
-    SERVICE_SEND,
-    SERVICE_STOP_CONVERSATION,
-)
+from custom_components.rtvoice.services import SERVICE_SEND, SERVICE_STOP_CONVERSATION
 from homeassistant.components import conversation
 from homeassistant.core import Context
 from homeassistant.exceptions import ServiceValidationError
 from homeassistant.helpers import intent
-from tests.components.test_services import call, send_answered, start
 from tests.components.pipeline.helpers import AGENT, Home, async_setup_rtvoice
+from tests.components.test_services import call, send_answered, start
 from tests.peers.openai_server import OpenAIPeer, Text
 
 TRANSLATIONS = (
-    Path(__file__).parents[2] / "custom_components" / DOMAIN / "translations" / "en.json"
+    Path(__file__).parents[2]
+    / "custom_components"
+    / DOMAIN
+    / "translations"
+    / "en.json"
 )
 
 
-def rtvoice_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    """Records above debug from anywhere (HA logs our tracebacks under its own name)."""
+def noisy_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """Return the records above debug from any logger (HA logs our tracebacks too)."""
     return [r for r in caplog.records if r.levelno > logging.DEBUG]
 
 
@@ -68,7 +69,7 @@ async def test_blank_input_is_not_understood(
     assert home.control.list_conversations() == []
     assert home.control.known_ids() == []
     assert openai_peer.requests == []
-    assert rtvoice_records(caplog) == []
+    assert noisy_records(caplog) == []
 
 
 # ── 2: distinct translated errors of the actions ─────────────────────────────────
