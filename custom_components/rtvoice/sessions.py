@@ -138,6 +138,7 @@ class _Session:
     output_channel: str
     adhoc: bool  # the channel pair was registered for this session
     prompt_scope: str  # the satellite, else the session's own id
+    owner: str | None  # the HA user it belongs to (None: a satellite's, the system's)
     ids: set[str] = field(default_factory=set)  # own id + aliases HA used
     adopt_new_id: bool = False  # the next unknown id on this key continues it
     last_input: _Input | None = None
@@ -404,6 +405,7 @@ class SessionManager:
                 system_prompt=self._render_prompt(),
                 extra_prompt=user_input.extra_system_prompt,
                 adopt_new_id=False,
+                owner=user_input.context.user_id,
             )
 
     def _new_id(self, proposed: str | None) -> str:
@@ -420,7 +422,11 @@ class SessionManager:
     # ── what the control plane uses ───────────────────────────────────────
 
     async def async_open(
-        self, satellite: str | None, system_prompt: str | None, language: str
+        self,
+        satellite: str | None,
+        system_prompt: str | None,
+        language: str,
+        owner: str | None = None,
     ) -> str:
         """Start a conversation on a known satellite (or ad hoc); its id.
 
@@ -441,6 +447,7 @@ class SessionManager:
                 else self._render_prompt(),
                 extra_prompt=None,
                 adopt_new_id=True,
+                owner=owner,
             )
         self._brain.set_turn(
             session.id,
@@ -481,6 +488,11 @@ class SessionManager:
             Conversation(s.id, s.satellite, s.device_id, self._stats(s))
             for s in sorted(self._sessions.values(), key=lambda s: s.id)
         ]
+
+    def owner(self, conversation_id: str) -> str | None:
+        """Return the user a live conversation belongs to (None: none, or not live)."""
+        session = self._by_alias.get(conversation_id)
+        return session.owner if session is not None else None
 
     def satellite(self, conversation_id: str) -> str | None:
         """Return the satellite of a live conversation (None: none, or not live)."""
@@ -555,6 +567,7 @@ class SessionManager:
         system_prompt: str,
         extra_prompt: str | None,
         adopt_new_id: bool,
+        owner: str | None,
     ) -> _Session:
         if satellite is not None and satellite in self._satellite_pairs:
             input_channel, output_channel = channel_names(satellite)
@@ -572,6 +585,7 @@ class SessionManager:
             output_channel=output_channel,
             adhoc=adhoc,
             prompt_scope=satellite or session_id,
+            owner=owner,
             ids={session_id},
             adopt_new_id=adopt_new_id,
         )
@@ -675,10 +689,8 @@ class SessionManager:
     def _live(self, conversation_id: str) -> _Session:
         session = self._by_alias.get(conversation_id)
         if session is None or session.closing:
-            known = ", ".join(sorted(self._sessions)) or "none"
-            raise UnknownConversationError(
-                f"no live conversation {conversation_id!r} (live: {known})"
-            )
+            # Never name other conversations: their ids are not every caller's.
+            raise UnknownConversationError(f"no live conversation {conversation_id!r}")
         return session
 
     # ── input ─────────────────────────────────────────────────────────────

@@ -12,14 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
+from pytest_homeassistant_custom_component.typing import WebSocketGenerator
 
 from custom_components.rtvoice.chat_feed import NOT_UNDERSTOOD
 from custom_components.rtvoice.const import BRAIN_HA_AGENT, CONF_BRAIN, DOMAIN
-from custom_components.rtvoice.services import SERVICE_SEND, SERVICE_STOP_CONVERSATION
+from custom_components.rtvoice.services import (
+    SERVICE_GET_TRANSCRIPT,
+    SERVICE_LIST_CONVERSATIONS,
+    SERVICE_SEND,
+    SERVICE_START_CONVERSATION,
+    SERVICE_STOP_CONVERSATION,
+)
 from homeassistant.components import conversation
 from homeassistant.core import Context
-from homeassistant.exceptions import ServiceValidationError
+from homeassistant.exceptions import ServiceValidationError, Unauthorized
 from homeassistant.helpers import intent
 from tests.components.pipeline.helpers import AGENT, Home, async_setup_rtvoice
 from tests.components.test_services import call, send_answered, start
@@ -128,3 +135,107 @@ async def test_send_errors_are_distinct(
     assert {"unknown_conversation", "empty_text", "conversation_closed"} <= set(
         messages
     )
+
+
+# ── 5/6: who may see and control what ────────────────────────────────────────────
+
+
+async def test_non_admin_controls_only_their_own_conversations(
+    home: Home,
+    entry: MockConfigEntry,
+    hass_admin_user: MockUser,
+    hass_read_only_user: MockUser,
+) -> None:
+    """A user sends to and stops their own conversations; others' ids stay hidden."""
+    hass = home.hass
+    user = Context(user_id=hass_read_only_user.id)
+    admin = Context(user_id=hass_admin_user.id)
+    theirs = (await call(hass, SERVICE_START_CONVERSATION, {}, context=admin))[
+        "conversation_id"
+    ]
+    satellites = await start(hass)  # an automation's, on the kitchen satellite
+    mine = (await call(hass, SERVICE_START_CONVERSATION, {}, context=user))[
+        "conversation_id"
+    ]
+
+    for action, data in (
+        (SERVICE_SEND, {"text": "Hello"}),
+        (SERVICE_STOP_CONVERSATION, {}),
+    ):
+        for other in (theirs, satellites, "01NOSUCHCONVERSATION0000000"):
+            err = await action_error(
+                hass, action, {"conversation_id": other, **data}, context=user
+            )
+            assert isinstance(err, Unauthorized)
+            assert err.translation_key == "not_your_conversation"
+            # Never a list of ids: neither the admin's nor the satellite's.
+            for hidden in {theirs, satellites, mine} - {other}:
+                assert hidden not in str(err)
+    assert await call(
+        hass, SERVICE_SEND, {"conversation_id": mine, "text": "Hi"}, context=user
+    ) == {"seq": 1}
+    assert "messages" in await call(
+        hass, SERVICE_STOP_CONVERSATION, {"conversation_id": mine}, context=user
+    )
+    # Admins control every conversation.
+    assert "messages" in await call(
+        hass, SERVICE_STOP_CONVERSATION, {"conversation_id": theirs}, context=admin
+    )
+
+
+async def test_unknown_conversation_lists_no_ids_for_anyone(
+    home: Home, entry: MockConfigEntry, hass_admin_user: MockUser
+) -> None:
+    """Even an admin's "unknown conversation" error names only the id asked for."""
+    hass = home.hass
+    live = await start(hass)
+    admin = Context(user_id=hass_admin_user.id)
+    for action, data in (
+        (SERVICE_SEND, {"text": "Hi"}),
+        (SERVICE_STOP_CONVERSATION, {}),
+        (SERVICE_GET_TRANSCRIPT, {}),
+    ):
+        err = await action_error(
+            hass, action, {"conversation_id": "01NOPE", **data}, context=admin
+        )
+        assert err.translation_key == "unknown_conversation"
+        assert live not in str(err)
+        assert live not in str(err.translation_placeholders)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (SERVICE_LIST_CONVERSATIONS, {}),
+        (SERVICE_GET_TRANSCRIPT, {"conversation_id": "01NOPE"}),
+        (SERVICE_SEND, {"conversation_id": "01NOPE", "text": "Hi"}),
+    ],
+)
+@pytest.mark.usefixtures("entry")
+async def test_non_admin_gets_a_clean_unauthorized_over_the_websocket(
+    home: Home,
+    hass_ws_client: WebSocketGenerator,
+    hass_read_only_access_token: str,
+    caplog: pytest.LogCaptureFixture,
+    case: tuple[str, dict[str, Any]],
+) -> None:
+    """The frontend's way to call an action: a refusal, never a logged traceback."""
+    action, data = case
+    client = await hass_ws_client(home.hass, access_token=hass_read_only_access_token)
+    caplog.clear()
+    await client.send_json_auto_id(
+        {
+            "type": "call_service",
+            "domain": DOMAIN,
+            "service": action,
+            "service_data": data,
+            "return_response": True,
+        }
+    )
+    reply = await client.receive_json()
+    assert not reply["success"]
+    assert reply["error"]["translation_domain"] == DOMAIN
+    assert reply["error"]["translation_key"] in ("admin_only", "not_your_conversation")
+    # HA logs the refusal in one line (its traceback only at debug).
+    assert [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG] == []
+    assert "Unexpected exception" not in caplog.text

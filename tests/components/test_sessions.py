@@ -418,7 +418,7 @@ async def test_idle_timeout_closes_with_hand_off(
     assert home.sessions.stats(SATELLITE) is None
     assert home.control.list_conversations() == []
     assert idle_handles() == []
-    with pytest.raises(UnknownConversationError, match="live: none"):
+    with pytest.raises(UnknownConversationError, match="no live conversation"):
         home.control.send(first.conversation_id, "are you there?")
 
     # HA still knows the id; the closed transcript keeps it: a new id is used.
