@@ -10,7 +10,7 @@ the per-delta path awaits: ``delta`` and ``tool`` are plain calls.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 import json
 from typing import Any, Final
@@ -33,6 +33,8 @@ APOLOGY: Final = "Sorry, I couldn't reach the language model."
 # What HA's own agent says when it cannot make sense of the words (its English
 # "no intent" answer).
 NOT_UNDERSTOOD: Final = "Sorry, I couldn't understand that"
+# The answer of a turn cut before it said anything and whose tools said nothing.
+INTERRUPTED: Final = "I was interrupted."
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,36 @@ def _record_tool(chat_log: ChatLog, agent_id: str, record: _ToolRecord) -> None:
             tool_result=tool_result_object(record.result),
         )
     )
+
+
+def interrupted_speech(tool_results: Iterable[str]) -> str:
+    """Return what to answer for a turn cut before it said anything: never blank.
+
+    What its finished tools said they did (an Assist tool's speech, the delegated
+    agent's speech, else the names of the entities it acted on), else that it was
+    interrupted.
+    """
+    said = [text for result in tool_results if (text := _tool_said(result))]
+    return " ".join(said) if said else INTERRUPTED
+
+
+def _tool_said(result: str) -> str:
+    """Return what a tool result says was done ("" when it says nothing usable)."""
+    value = tool_result_object(result)
+    speech = value.get("speech")
+    if isinstance(speech, dict):  # HA's intent response: {"plain": {"speech": …}}
+        plain = speech.get("plain")
+        speech = plain.get("speech") if isinstance(plain, dict) else None
+    if isinstance(speech, str) and speech.strip():
+        return speech.strip()
+    data = value.get("data")
+    success = data.get("success") if isinstance(data, dict) else None
+    names = [
+        str(target["name"])
+        for target in success or ()
+        if isinstance(target, dict) and target.get("name")
+    ]
+    return f"Done: {', '.join(names)}." if names else ""
 
 
 def not_understood_result(*, language: str, conversation_id: str) -> ConversationResult:

@@ -62,7 +62,12 @@ from homeassistant.util.ulid import ulid_now
 from . import compat
 from .availability import BrainAvailability
 from .brain import Brain
-from .chat_feed import ChatLogFeed, conversation_result, not_understood_result
+from .chat_feed import (
+    ChatLogFeed,
+    conversation_result,
+    interrupted_speech,
+    not_understood_result,
+)
 from .const import (
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
@@ -323,15 +328,23 @@ class SessionManager:
             await self._async_end_turn(session, turn, cancel=True)
             raise
         await self._async_end_turn(session, turn, cancel=False)
+        speech = self._spoken(session, ticket, outcome)
         if outcome.status == "completed":
             session.adopt_new_id = False
         elif outcome.status == "failed":
             _LOGGER.debug("Conversation %s: the round failed", session.id)
+            # TODO(kernel): self._kernel.record_reply(session.id, ticket.seq, APOLOGY)
+            # (chat_feed.APOLOGY)
+            # so history holds the apology the user was told, not the unheard
+            # partial answer (the round is marked failed in the transcripts).
+        elif not speech.strip():
+            # Cut (or voided) before it said anything: say what its tools did.
+            speech = interrupted_speech(self._round_tool_results(session, outcome))
         return conversation_result(
             outcome,
             language=user_input.language,
             conversation_id=session.id,
-            speech=self._spoken(session, ticket, outcome),
+            speech=speech,
             agent_reply=self._brain.agent_reply(session.id),
             chat_log=chat_log,
             agent_id=agent_id,
@@ -348,6 +361,23 @@ class SessionManager:
         if newest is not None and newest.ticket is ticket:
             return newest.spoken()
         return outcome.text
+
+    def _round_tool_results(self, session: _Session, outcome: Outcome) -> list[str]:
+        """Return the results of the tools the just-ended round finished.
+
+        An interrupted round committed its user input and its finished tool groups
+        last (the next round commits only when it ends), so they are the tail of the
+        history after the last user message. A superseded round ran nothing.
+        """
+        if outcome.status != "interrupted":
+            return []
+        results: list[str] = []
+        for message in reversed(self._kernel.transcript(session.id) or ()):
+            if message.role == "user":
+                break
+            if message.role == "tool":
+                results.append(message.content)
+        return results[::-1]
 
     def _barged_in(self, session: _Session | None) -> None:
         """HA cancelled a turn of the session: its next unknown id continues it."""

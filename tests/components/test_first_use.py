@@ -15,7 +15,11 @@ import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUser
 from pytest_homeassistant_custom_component.typing import WebSocketGenerator
 
-from custom_components.rtvoice.chat_feed import NOT_UNDERSTOOD
+from custom_components.rtvoice.chat_feed import (
+    INTERRUPTED,
+    NOT_UNDERSTOOD,
+    interrupted_speech,
+)
 from custom_components.rtvoice.const import BRAIN_HA_AGENT, CONF_BRAIN, DOMAIN
 from custom_components.rtvoice.services import (
     SERVICE_GET_TRANSCRIPT,
@@ -239,3 +243,23 @@ async def test_non_admin_gets_a_clean_unauthorized_over_the_websocket(
     # HA logs the refusal in one line (its traceback only at debug).
     assert [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG] == []
     assert "Unexpected exception" not in caplog.text
+
+
+# ── 9: a turn cut during a tool call never answers with blank speech ─────────────
+# (end to end: test_sessions.py::test_cancelled_input_waiting_behind_a_tool_…)
+
+
+def test_interrupted_speech_says_what_the_tools_did() -> None:
+    """Assist tool speech, the delegated agent's speech, entity names, or "interrupted"."""
+    assist = {"speech": {"plain": {"speech": "The bed light is on."}}, "data": {}}
+    targets = {
+        "speech": {},
+        "response_type": "action_done",
+        "data": {"success": [{"name": "Kitchen Lights", "type": "entity"}]},
+    }
+    delegated = {"speech": "Turned on the lights", "response_type": "action_done"}
+    assert interrupted_speech([json.dumps(assist)]) == "The bed light is on."
+    assert interrupted_speech([json.dumps(targets)]) == "Done: Kitchen Lights."
+    assert interrupted_speech([json.dumps(delegated)]) == "Turned on the lights"
+    assert interrupted_speech(['{"error": "boom"}', "plain text"]) == INTERRUPTED
+    assert interrupted_speech([]) == INTERRUPTED

@@ -18,7 +18,7 @@ from pytest_homeassistant_custom_component.common import (
     get_scheduled_timer_handles,
 )
 
-from custom_components.rtvoice.chat_feed import tool_result_object
+from custom_components.rtvoice.chat_feed import INTERRUPTED, tool_result_object
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
     CONF_AGENT_ID,
@@ -488,7 +488,8 @@ async def test_a_cut_turn_before_output_is_kept_once(
     openai_peer.enqueue(Text("Noon."))
     answered = await converse(home, "time", conversation_id)
     await held.disconnected.wait()
-    assert speech(await wait(cut)) == ""  # interrupted before it said anything
+    # Interrupted before it said anything: says so, never blank speech.
+    assert speech(await wait(cut)) == INTERRUPTED
     assert speech(answered) == "Noon."
     messages = openai_peer.requests[2].messages
     assert messages[-2:] == [
@@ -648,7 +649,9 @@ async def test_cancelled_input_waiting_behind_a_tool_is_never_answered_alone(
     assert snapshot.dropped == 1
     assert snapshot.rounds == 2
     assert hass.states.get(BED_LIGHT).state == STATE_ON
-    assert speech(await wait(tool_turn)) == ""  # cut after its tool: nothing said
+    # Cut after its tool before saying anything: it answers what the tool did
+    # (never blank speech; issue 12 item 9).
+    assert speech(await wait(tool_turn)) == "The bed light is on."
     asked = [r.messages[-1].get("content") for r in openai_peer.requests]
     assert "what is the" not in asked
 
