@@ -179,6 +179,24 @@ def _tool_said(result: str) -> str:
     return f"Done: {', '.join(names)}." if names else ""
 
 
+def _pass_on_results(
+    response: intent.IntentResponse, agent_reply: intent.IntentResponse
+) -> None:
+    """Copy what the delegated agent did (targets, results, states) into ``response``.
+
+    So a pipeline, the Assist dialog or an automation sees the entities switched,
+    as with HA's own agent (``data.success`` / ``data.failed``).
+    """
+    response.response_type = agent_reply.response_type
+    response.async_set_targets(list(agent_reply.intent_targets))
+    response.async_set_results(
+        list(agent_reply.success_results), list(agent_reply.failed_results)
+    )
+    response.async_set_states(
+        list(agent_reply.matched_states), list(agent_reply.unmatched_states)
+    )
+
+
 def not_understood_result(*, language: str, conversation_id: str) -> ConversationResult:
     """Return HA's default agent's answer to words it cannot understand.
 
@@ -224,6 +242,8 @@ def conversation_result(
         )
         return ConversationResult(response=response, conversation_id=conversation_id)
     response.async_set_speech(speech)
+    if outcome.status == "completed" and agent_reply is not None:
+        _pass_on_results(response, agent_reply)
     return ConversationResult(
         response=response,
         conversation_id=conversation_id,

@@ -29,10 +29,16 @@ from custom_components.rtvoice.services import (
     SERVICE_STOP_CONVERSATION,
 )
 from homeassistant.components import conversation
+from homeassistant.const import STATE_ON
 from homeassistant.core import Context
 from homeassistant.exceptions import ServiceValidationError, Unauthorized
 from homeassistant.helpers import intent
-from tests.components.pipeline.helpers import AGENT, Home, async_setup_rtvoice
+from tests.components.pipeline.helpers import (
+    AGENT,
+    BED_LIGHT,
+    Home,
+    async_setup_rtvoice,
+)
 from tests.components.test_services import call, send_answered, start
 from tests.peers.openai_server import OpenAIPeer, Text
 
@@ -263,3 +269,25 @@ def test_interrupted_speech_says_what_the_tools_did() -> None:
     assert interrupted_speech([json.dumps(delegated)]) == "Turned on the lights"
     assert interrupted_speech(['{"error": "boom"}', "plain text"]) == INTERRUPTED
     assert interrupted_speech([]) == INTERRUPTED
+
+
+# ── 21: the delegated agent's targets are passed on ───────────────────────────────
+
+
+async def test_delegated_agent_results_are_passed_on(home: Home) -> None:
+    """An action through HA's own agent lists the entities it switched, like HA."""
+    hass = home.hass
+    await async_setup_rtvoice(home, None, data={CONF_BRAIN: BRAIN_HA_AGENT})
+    await hass.services.async_call(
+        "light", "turn_off", {"entity_id": BED_LIGHT}, blocking=True
+    )
+    result = await conversation.async_converse(
+        hass, "turn on the bed light", None, Context(), language="en", agent_id=AGENT
+    )
+    assert hass.states.get(BED_LIGHT).state == STATE_ON
+    response = result.response
+    assert response.response_type is intent.IntentResponseType.ACTION_DONE
+    data = response.as_dict()["data"]
+    assert [target["id"] for target in data["success"]] == [BED_LIGHT]
+    assert data["failed"] == []
+    assert response.speech["plain"]["speech"]
