@@ -52,7 +52,9 @@ from .const import (
     CONF_BASE_URL,
     CONF_BRAIN,
     CONF_CARRY_OVER,
+    CONF_CHUNK_TIMEOUT,
     CONF_CONTEXT_WINDOW,
+    CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
     CONF_MAX_TOOL_TURNS,
@@ -63,7 +65,9 @@ from .const import (
     DEFAULT_AGENT_ID,
     DEFAULT_BASE_URL,
     DEFAULT_CARRY_OVER,
+    DEFAULT_CHUNK_TIMEOUT,
     DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_LLM_HASS_API,
     DEFAULT_MAX_TOOL_TURNS,
@@ -75,11 +79,15 @@ from .const import (
     DEFAULT_TEMPERATURE,
     DOMAIN,
     LLM_API_NONE,
+    MAX_CHUNK_TIMEOUT,
     MAX_CONTEXT_WINDOW,
+    MAX_FIRST_TOKEN_TIMEOUT,
     MAX_IDLE_TIMEOUT,
     MAX_MAX_TOOL_TURNS,
     MAX_TEMPERATURE,
+    MIN_CHUNK_TIMEOUT,
     MIN_CONTEXT_WINDOW,
+    MIN_FIRST_TOKEN_TIMEOUT,
     MIN_IDLE_TIMEOUT,
     MIN_MAX_TOOL_TURNS,
     MIN_TEMPERATURE,
@@ -511,6 +519,12 @@ def _options_schema(apis: list[SelectOptionDict] | None) -> vol.Schema:
         schema[vol.Required(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE)] = _number(
             MIN_TEMPERATURE, MAX_TEMPERATURE, step=0.05, mode=NumberSelectorMode.SLIDER
         )
+        schema[
+            vol.Required(CONF_FIRST_TOKEN_TIMEOUT, default=DEFAULT_FIRST_TOKEN_TIMEOUT)
+        ] = _number(MIN_FIRST_TOKEN_TIMEOUT, MAX_FIRST_TOKEN_TIMEOUT, unit="s")
+        schema[vol.Required(CONF_CHUNK_TIMEOUT, default=DEFAULT_CHUNK_TIMEOUT)] = (
+            _number(MIN_CHUNK_TIMEOUT, MAX_CHUNK_TIMEOUT, unit="s")
+        )
     schema[vol.Required(CONF_IDLE_TIMEOUT, default=DEFAULT_IDLE_TIMEOUT)] = _number(
         MIN_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT, unit="s"
     )
@@ -534,6 +548,8 @@ def _options_from_input(brain: str, user_input: dict[str, Any]) -> dict[str, Any
                 CONF_CONTEXT_WINDOW: int(user_input[CONF_CONTEXT_WINDOW]),
                 CONF_MAX_TOOL_TURNS: int(user_input[CONF_MAX_TOOL_TURNS]),
                 CONF_TEMPERATURE: float(user_input[CONF_TEMPERATURE]),
+                CONF_FIRST_TOKEN_TIMEOUT: int(user_input[CONF_FIRST_TOKEN_TIMEOUT]),
+                CONF_CHUNK_TIMEOUT: int(user_input[CONF_CHUNK_TIMEOUT]),
             }
         )
     return options

@@ -28,6 +28,7 @@ from custom_components.rtvoice.agent_brain import (
 from custom_components.rtvoice.brain import (
     ISSUE_MODEL_NOT_FOUND,
     Brain,
+    EndpointProvider,
     async_create_brain,
 )
 from custom_components.rtvoice.const import (
@@ -142,7 +143,8 @@ async def test_openai_brain_runs_a_round_with_assist_tools(
     brain = await async_create_brain(hass, entry, prompts)
 
     assert brain.kind == BRAIN_OPENAI
-    assert isinstance(brain.provider, OpenAIChatProvider)
+    assert isinstance(brain.provider, EndpointProvider)
+    assert isinstance(brain.provider.endpoint, OpenAIChatProvider)
     assert isinstance(brain.tools, HaToolRunner)
     assert brain.tools.api_id == "assist"
     rig = await make_rig(brain, prompts)

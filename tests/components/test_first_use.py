@@ -6,6 +6,7 @@ real HA users (``hass_admin_user`` / ``hass_read_only_user``, a non-admin).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -16,6 +17,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry, MockUs
 from pytest_homeassistant_custom_component.typing import WebSocketGenerator
 
 from custom_components.rtvoice.chat_feed import (
+    APOLOGY,
     INTERRUPTED,
     NOT_UNDERSTOOD,
     interrupted_speech,
@@ -40,7 +42,7 @@ from tests.components.pipeline.helpers import (
     async_setup_rtvoice,
 )
 from tests.components.test_services import call, send_answered, start
-from tests.peers.openai_server import OpenAIPeer, Text
+from tests.peers.openai_server import Hang, OpenAIPeer, Text, WaitFor
 
 TRANSLATIONS = (
     Path(__file__).parents[2]
@@ -291,3 +293,61 @@ async def test_delegated_agent_results_are_passed_on(home: Home) -> None:
     assert [target["id"] for target in data["success"]] == [BED_LIGHT]
     assert data["failed"] == []
     assert response.speech["plain"]["speech"]
+
+
+# ── 10: first-token and stalled-stream timeouts ───────────────────────────────────
+# The peer never answers (Hang): the timeout is the only way out, so the tests
+# assert what happens, not how long it took.
+
+
+async def test_silent_server_fails_the_round_after_the_first_token_timeout(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """A server that never starts answering: apology, and the request is hung up."""
+    await async_setup_rtvoice(
+        home, openai_peer, first_token_timeout=0.05, chunk_timeout=60
+    )
+    openai_peer.enqueue(Hang())
+    result = await conversation.async_converse(
+        home.hass, "hello", None, Context(), language="en", agent_id=AGENT
+    )
+    assert result.response.speech["plain"]["speech"] == APOLOGY
+    await openai_peer.requests[0].disconnected.wait()
+
+
+async def test_stalled_stream_fails_the_round_after_the_chunk_timeout(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """A stream that stops mid-answer ends with the apology, not a 30 s stall."""
+    await async_setup_rtvoice(
+        home, openai_peer, first_token_timeout=60, chunk_timeout=0.05
+    )
+    openai_peer.enqueue(Text("Once upon"), Hang())
+    result = await conversation.async_converse(
+        home.hass, "tell a story", None, Context(), language="en", agent_id=AGENT
+    )
+    assert result.response.speech["plain"]["speech"] == APOLOGY
+    await openai_peer.requests[0].disconnected.wait()
+    assert home.sessions.stats(result.conversation_id).failed_rounds == 1
+
+
+async def test_first_token_may_take_longer_than_a_chunk(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """A model that takes its time to start (loading) is not cut by the chunk timeout."""
+    await async_setup_rtvoice(
+        home, openai_peer, first_token_timeout=60, chunk_timeout=0.01
+    )
+    release = asyncio.Event()
+    openai_peer.enqueue(WaitFor(release), Text("Ready."))
+    answer = home.hass.async_create_task(
+        conversation.async_converse(
+            home.hass, "hello", None, Context(), language="en", agent_id=AGENT
+        )
+    )
+    await openai_peer.wait_for_request(1)
+    # Let the loop run well past the chunk timeout while the first token is due.
+    await asyncio.sleep(0.1)  # not a synchronisation: time passing is the point
+    release.set()
+    result = await answer
+    assert result.response.speech["plain"]["speech"] == "Ready."
