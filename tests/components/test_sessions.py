@@ -24,6 +24,8 @@ from custom_components.rtvoice.const import (
     CONF_AGENT_ID,
     CONF_BRAIN,
     CONF_CARRY_OVER,
+    CONF_CHUNK_TIMEOUT,
+    CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
     LLM_API_NONE,
@@ -431,9 +433,21 @@ async def test_idle_timeout_closes_with_hand_off(
 async def test_idle_timer_waits_for_a_running_turn(
     home: Home, openai_peer: OpenAIPeer
 ) -> None:
-    """A turn that outlasts the idle timeout is not cut by it."""
+    """A turn that outlasts the idle timeout is not cut by it.
+
+    The stream pauses longer than the idle timeout: the stream timeouts are set
+    above it (the faked clock fires every timer that is due).
+    """
     hass = home.hass
-    await async_setup_rtvoice(home, openai_peer, **{CONF_IDLE_TIMEOUT: IDLE})
+    await async_setup_rtvoice(
+        home,
+        openai_peer,
+        **{
+            CONF_IDLE_TIMEOUT: IDLE,
+            CONF_FIRST_TOKEN_TIMEOUT: IDLE * 10,
+            CONF_CHUNK_TIMEOUT: IDLE * 10,
+        },
+    )
     release = asyncio.Event()
     openai_peer.enqueue(Text("Still"), WaitFor(release), Text(" here."))
     turn = hass.async_create_task(converse(home, "slow one"))
