@@ -38,7 +38,7 @@ The brain's availability is logged once per change (``availability``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 import contextlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -211,16 +211,12 @@ class SessionManager:
         self._brain = brain
         self._channels = channels
         self._satellites = satellites
-        options = entry.options
-        self._prompt_template: str = options.get(CONF_PROMPT) or ""
-        self._context_window = int(
-            options.get(CONF_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
-        )
-        self._max_tool_turns = int(
-            options.get(CONF_MAX_TOOL_TURNS, DEFAULT_MAX_TOOL_TURNS)
-        )
-        self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
-        self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
+        self._prompt_template = ""
+        self._context_window = DEFAULT_CONTEXT_WINDOW
+        self._max_tool_turns = DEFAULT_MAX_TOOL_TURNS
+        self._idle_timeout = float(DEFAULT_IDLE_TIMEOUT)
+        self._carry_over = DEFAULT_CARRY_OVER
+        self.configure(entry.options)
         self._signal = SIGNAL_SESSION_UPDATE.format(entry.entry_id)
         self._sessions: dict[str, _Session] = {}  # by session id
         self._by_alias: dict[str, _Session] = {}  # every id a session answers to
@@ -234,6 +230,23 @@ class SessionManager:
         self._availability = BrainAvailability(entry, brain.kind)
 
     # ── wiring ────────────────────────────────────────────────────────────
+
+    def configure(self, options: Mapping[str, Any]) -> None:
+        """Use the entry's options from now on (changed options need no reload).
+
+        Prompt, context window and tool turns apply to conversations started
+        after this; carry-over and the idle timeout also to running ones (a
+        running idle timer keeps its deadline until the next turn re-arms it).
+        """
+        self._prompt_template = options.get(CONF_PROMPT) or ""
+        self._context_window = int(
+            options.get(CONF_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
+        )
+        self._max_tool_turns = int(
+            options.get(CONF_MAX_TOOL_TURNS, DEFAULT_MAX_TOOL_TURNS)
+        )
+        self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
+        self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
 
     def start(self, kernel: Kernel) -> None:
         """Use ``kernel`` (built by the runtime) and follow the satellites.

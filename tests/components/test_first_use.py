@@ -22,7 +22,15 @@ from custom_components.rtvoice.chat_feed import (
     NOT_UNDERSTOOD,
     interrupted_speech,
 )
-from custom_components.rtvoice.const import BRAIN_HA_AGENT, CONF_BRAIN, DOMAIN
+from custom_components.rtvoice.const import (
+    BRAIN_HA_AGENT,
+    CONF_BRAIN,
+    CONF_LLM_HASS_API,
+    CONF_PROMPT,
+    CONF_TEMPERATURE,
+    DOMAIN,
+    LLM_API_NONE,
+)
 from custom_components.rtvoice.services import (
     SERVICE_GET_TRANSCRIPT,
     SERVICE_LIST_CONVERSATIONS,
@@ -33,6 +41,7 @@ from custom_components.rtvoice.services import (
 from homeassistant.components import conversation
 from homeassistant.const import STATE_ON
 from homeassistant.core import Context
+from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.exceptions import ServiceValidationError, Unauthorized
 from homeassistant.helpers import intent
 from tests.components.pipeline.helpers import (
@@ -351,3 +360,57 @@ async def test_first_token_may_take_longer_than_a_chunk(
     release.set()
     result = await answer
     assert result.response.speech["plain"]["speech"] == "Ready."
+
+
+# ── 12: options apply without a reload ───────────────────────────────────────────
+
+
+async def test_options_apply_without_closing_conversations(
+    home: Home, entry: MockConfigEntry, openai_peer: OpenAIPeer
+) -> None:
+    """Saved options reach the next conversation; live ones and transcripts stay."""
+    hass = home.hass
+    ended = await start(hass, satellite=None)
+    openai_peer.enqueue(Text("Bye."))
+    await send_answered(home, ended, "Hi")
+    await call(hass, SERVICE_STOP_CONVERSATION, {"conversation_id": ended})
+    live = await start(hass)
+    runtime = entry.runtime_data
+
+    flow = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await hass.config_entries.options.async_configure(
+        flow["flow_id"],
+        {
+            **{k: v for k, v in entry.options.items() if k != CONF_PROMPT},
+            CONF_PROMPT: "You are the new butler.",
+            CONF_TEMPERATURE: 0.3,
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    await hass.async_block_till_done()
+
+    assert entry.runtime_data is runtime  # not reloaded
+    assert [c["id"] for c in home.control.list_conversations()] == [live]
+    page = await call(hass, SERVICE_GET_TRANSCRIPT, {"conversation_id": ended})
+    assert page["total"] == 2
+    # A new conversation gets the new prompt; requests the new temperature.
+    openai_peer.enqueue(Text("At your service."))
+    answer = await conversation.async_converse(
+        hass, "hello", None, Context(), language="en", agent_id=AGENT
+    )
+    assert answer.response.speech["plain"]["speech"] == "At your service."
+    request = openai_peer.requests[-1]
+    assert request.messages[0]["content"].startswith("You are the new butler.")
+    assert request.body["temperature"] == 0.3
+
+
+async def test_switching_tools_off_reloads(home: Home, entry: MockConfigEntry) -> None:
+    """Tools on/off is wired at load: that one change reloads the entry."""
+    hass = home.hass
+    runtime = entry.runtime_data
+    hass.config_entries.async_update_entry(
+        entry, options={**entry.options, CONF_LLM_HASS_API: LLM_API_NONE}
+    )
+    await hass.async_block_till_done()
+    assert entry.runtime_data is not runtime
+    assert entry.runtime_data.tools is None
