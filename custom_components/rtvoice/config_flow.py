@@ -29,7 +29,6 @@ from homeassistant.helpers import entity_registry as er, llm
 from homeassistant.helpers.httpx_client import get_async_client
 from homeassistant.helpers.selector import (
     BooleanSelector,
-    ConversationAgentSelector,
     NumberSelector,
     NumberSelectorConfig,
     NumberSelectorMode,
@@ -93,6 +92,7 @@ from .const import (
     MIN_TEMPERATURE,
     VALIDATION_TIMEOUT,
 )
+from .control_api import API_ID_PREFIX as CONTROL_API_ID_PREFIX
 from .kernel.openai_provider import (
     OpenAIChatProvider,
     ProviderAuthError,
@@ -110,7 +110,6 @@ _NAME_SELECTOR = TextSelector()
 _URL_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.URL))
 _KEY_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.PASSWORD))
 _MODEL_SELECTOR = TextSelector()
-_AGENT_SELECTOR = ConversationAgentSelector()
 
 STEP_OPENAI_SCHEMA = vol.Schema(
     {
@@ -118,12 +117,6 @@ STEP_OPENAI_SCHEMA = vol.Schema(
         vol.Required(CONF_BASE_URL, default=DEFAULT_BASE_URL): _URL_SELECTOR,
         vol.Optional(CONF_API_KEY): _KEY_SELECTOR,
         vol.Required(CONF_MODEL, default=DEFAULT_MODEL): _MODEL_SELECTOR,
-    }
-)
-STEP_HA_AGENT_SCHEMA = vol.Schema(
-    {
-        vol.Required(CONF_NAME, default=DEFAULT_NAME): _NAME_SELECTOR,
-        vol.Required(CONF_AGENT_ID, default=DEFAULT_AGENT_ID): _AGENT_SELECTOR,
     }
 )
 STEP_REAUTH_SCHEMA = vol.Schema({vol.Required(CONF_API_KEY): _KEY_SELECTOR})
@@ -134,9 +127,65 @@ STEP_RECONFIGURE_OPENAI_SCHEMA = vol.Schema(
         vol.Required(CONF_MODEL): _MODEL_SELECTOR,
     }
 )
-STEP_RECONFIGURE_HA_AGENT_SCHEMA = vol.Schema(
-    {vol.Required(CONF_AGENT_ID): _AGENT_SELECTOR}
-)
+
+
+@callback
+def _agent_selector(hass: HomeAssistant) -> SelectSelector:
+    """Return a selector of the agents a Realtime Voice entry may delegate to.
+
+    Not HA's conversation agent selector: it offers Realtime Voice's own agents
+    too (which cannot work: an agent cannot delegate to itself), and the frontend
+    shows no helper text under it. Typing another agent id stays possible.
+    """
+    registry = er.async_get(hass)
+    options = [
+        SelectOptionDict(value=state.entity_id, label=state.name)
+        for state in sorted(
+            hass.states.async_all(conversation.DOMAIN), key=lambda s: s.name
+        )
+        if (entity := registry.async_get(state.entity_id)) is None
+        or entity.platform != DOMAIN
+    ]
+    return SelectSelector(
+        SelectSelectorConfig(
+            options=options, mode=SelectSelectorMode.DROPDOWN, custom_value=True
+        )
+    )
+
+
+@callback
+def _ha_agent_schema(hass: HomeAssistant) -> vol.Schema:
+    return vol.Schema(
+        {
+            vol.Required(CONF_NAME, default=DEFAULT_NAME): _NAME_SELECTOR,
+            vol.Required(CONF_AGENT_ID, default=DEFAULT_AGENT_ID): _agent_selector(
+                hass
+            ),
+        }
+    )
+
+
+@callback
+def _reconfigure_ha_agent_schema(hass: HomeAssistant) -> vol.Schema:
+    return vol.Schema({vol.Required(CONF_AGENT_ID): _agent_selector(hass)})
+
+
+@callback
+def distinct_title(hass: HomeAssistant, wanted: str, detail: str) -> str:
+    """Return ``wanted`` as an entry title, made distinct from the other entries'.
+
+    A second entry with the default name is told apart by ``detail`` (the model or
+    the agent's name), and by a number if that is taken too.
+    """
+    titles = {entry.title for entry in hass.config_entries.async_entries(DOMAIN)}
+    if wanted not in titles:
+        return wanted
+    title = base = f"{wanted} ({detail})"
+    number = 2
+    while title in titles:
+        title = f"{base} {number}"
+        number += 1
+    return title
 
 
 def normalize_base_url(base_url: str) -> str:
@@ -281,7 +330,9 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 )
             if not errors:
                 return self.async_create_entry(
-                    title=user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                    title=distinct_title(
+                        self.hass, user_input[CONF_NAME].strip() or DEFAULT_NAME, model
+                    ),
                     data=_with_api_key(
                         {
                             CONF_BRAIN: BRAIN_OPENAI,
@@ -311,15 +362,20 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             self._abort_if_unique_id_configured()
             errors = _agent_errors(self.hass, agent_id)
             if not errors:
+                info = conversation.async_get_agent_info(self.hass, agent_id)
                 return self.async_create_entry(
-                    title=user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                    title=distinct_title(
+                        self.hass,
+                        user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                        info.name if info is not None else agent_id,
+                    ),
                     data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: agent_id},
                     options=dict(DEFAULT_OPTIONS_HA_AGENT),
                 )
         return self.async_show_form(
             step_id=BRAIN_HA_AGENT,
             data_schema=self.add_suggested_values_to_schema(
-                STEP_HA_AGENT_SCHEMA, user_input
+                _ha_agent_schema(self.hass), user_input
             ),
             errors=errors,
         )
@@ -437,7 +493,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         return self.async_show_form(
             step_id="reconfigure_ha_agent",
             data_schema=self.add_suggested_values_to_schema(
-                STEP_RECONFIGURE_HA_AGENT_SCHEMA,
+                _reconfigure_ha_agent_schema(self.hass),
                 user_input or {CONF_AGENT_ID: entry.data[CONF_AGENT_ID]},
             ),
             errors=errors,
@@ -476,12 +532,18 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
 
 
 def _llm_api_choices(hass: HomeAssistant) -> list[SelectOptionDict]:
-    """Return the HA LLM APIs the model may use for tools, plus "none"."""
+    """Return the HA LLM APIs the model may use for tools, plus "none".
+
+    Realtime Voice's own control APIs are left out: they control realtime
+    conversations from the main assistant, and a realtime conversation that
+    controls realtime conversations (itself among them) cannot work.
+    """
     return [
         SelectOptionDict(value=LLM_API_NONE, label="No tools"),
         *(
             SelectOptionDict(value=api.id, label=api.name)
             for api in llm.async_get_apis(hass)
+            if not api.id.startswith(CONTROL_API_ID_PREFIX)
         ),
     ]
 

@@ -20,7 +20,11 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 import voluptuous as vol
 from yarl import URL
 
-from custom_components.rtvoice.config_flow import ha_agent_unique_id, openai_unique_id
+from custom_components.rtvoice.config_flow import (
+    distinct_title,
+    ha_agent_unique_id,
+    openai_unique_id,
+)
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
     BRAIN_OPENAI,
@@ -1050,3 +1054,29 @@ async def test_options_ha_agent_hides_model_options(hass: HomeAssistant) -> None
         CONF_IDLE_TIMEOUT: 45,
         CONF_CARRY_OVER: False,
     }
+
+
+# -- what the lists offer, titles (issue 12, item 13) ------------------------------------
+
+
+async def test_second_entry_gets_a_distinct_title(
+    hass: HomeAssistant, openai_peer: OpenAIPeer, mock_setup_entry: AsyncMock
+) -> None:
+    """Default names collide: the second entry is named after its model or agent."""
+    agent_entry(DEFAULT_AGENT_ID, title=DEFAULT_NAME).add_to_hass(hass)
+    result = await start_brain(hass, BRAIN_OPENAI)
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"],
+        {
+            CONF_NAME: DEFAULT_NAME,
+            CONF_BASE_URL: openai_peer.base_url,
+            CONF_API_KEY: PEER_API_KEY,
+            CONF_MODEL: PEER_MODEL,
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["title"] == f"{DEFAULT_NAME} ({PEER_MODEL})"
+    assert distinct_title(hass, DEFAULT_NAME, PEER_MODEL) == (
+        f"{DEFAULT_NAME} ({PEER_MODEL}) 2"
+    )
+    assert distinct_title(hass, "Kitchen", PEER_MODEL) == "Kitchen"

@@ -7,6 +7,7 @@ real HA users (``hass_admin_user`` / ``hass_read_only_user``, a non-admin).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 import json
 import logging
 from pathlib import Path
@@ -24,13 +25,17 @@ from custom_components.rtvoice.chat_feed import (
 )
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
+    CONF_AGENT_ID,
     CONF_BRAIN,
     CONF_LLM_HASS_API,
     CONF_PROMPT,
     CONF_TEMPERATURE,
+    DEFAULT_AGENT_ID,
+    DEFAULT_LLM_HASS_API,
     DOMAIN,
     LLM_API_NONE,
 )
+from custom_components.rtvoice.control_api import api_id
 from custom_components.rtvoice.services import (
     SERVICE_GET_TRANSCRIPT,
     SERVICE_LIST_CONVERSATIONS,
@@ -43,13 +48,15 @@ from homeassistant.const import STATE_ON
 from homeassistant.core import Context
 from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.exceptions import ServiceValidationError, Unauthorized
-from homeassistant.helpers import intent
+from homeassistant.helpers import intent, llm
+from homeassistant.helpers.selector import SelectSelector
 from tests.components.pipeline.helpers import (
     AGENT,
     BED_LIGHT,
     Home,
     async_setup_rtvoice,
 )
+from tests.components.test_config_flow import start_brain
 from tests.components.test_services import call, send_answered, start
 from tests.peers.openai_server import Hang, OpenAIPeer, Text, WaitFor
 
@@ -414,3 +421,36 @@ async def test_switching_tools_off_reloads(home: Home, entry: MockConfigEntry) -
     await hass.async_block_till_done()
     assert entry.runtime_data is not runtime
     assert entry.runtime_data.tools is None
+
+
+# ── 13: the option lists leave out what cannot work ──────────────────────────────
+
+
+def select_values(result: Mapping[str, Any], field: str) -> list[str]:
+    """Return the values a select field of a form offers."""
+    schema = result["data_schema"]
+    selector = schema.schema[next(k for k in schema.schema if str(k) == field)]
+    assert isinstance(selector, SelectSelector)
+    return [option["value"] for option in selector.config["options"]]
+
+
+async def test_lists_leave_out_what_cannot_work(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """No control API among the tools; no Realtime Voice agent among the agents."""
+    hass = home.hass
+    entry = await async_setup_rtvoice(home, openai_peer)
+    assert any(api.id == api_id(entry) for api in llm.async_get_apis(hass))
+
+    options = await hass.config_entries.options.async_init(entry.entry_id)
+    apis = select_values(options, CONF_LLM_HASS_API)
+    assert DEFAULT_LLM_HASS_API in apis
+    assert not [a for a in apis if a.startswith("rtvoice")]
+
+    agent_form = await start_brain(hass, BRAIN_HA_AGENT)
+    agents = select_values(agent_form, CONF_AGENT_ID)
+    assert DEFAULT_AGENT_ID in agents
+    assert AGENT not in agents  # this integration's own agent
+    # The agent field has helper text (the conversation agent picker shows none).
+    step = json.loads(TRANSLATIONS.read_text())["config"]["step"][BRAIN_HA_AGENT]
+    assert step["data_description"][CONF_AGENT_ID]
