@@ -57,6 +57,7 @@ from homeassistant import config_entries
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType, InvalidData
 from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers.selector import NumberSelector
 from tests.components.common import PEER_API_KEY, PEER_MODEL
 from tests.peers.openai_server import Fail, OpenAIPeer
 
@@ -1080,3 +1081,23 @@ async def test_second_entry_gets_a_distinct_title(
         f"{DEFAULT_NAME} ({PEER_MODEL}) 2"
     )
     assert distinct_title(hass, "Kitchen", PEER_MODEL) == "Kitchen"
+
+
+# -- numeric options say their range (issue 12, item 14) ---------------------------------
+
+
+async def test_numeric_options_describe_their_range(hass: HomeAssistant) -> None:
+    """Every number field's helper text states its range and default, as the form has."""
+    entry = openai_entry(DEFAULT_BASE_URL)
+    entry.add_to_hass(hass)
+    result = await hass.config_entries.options.async_init(entry.entry_id)
+    descriptions = TRANSLATIONS["options"]["step"]["init"]["data_description"]
+    numbers = {
+        str(key): (selector.config, key.default())
+        for key, selector in result["data_schema"].schema.items()
+        if isinstance(selector, NumberSelector)
+    }
+    assert len(numbers) == 6
+    for field, (config, default) in numbers.items():
+        expected = f"({config['min']:g} to {config['max']:g}, default {default:g})"
+        assert expected in descriptions[field], field
