@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import logging
+import socket
 import traceback
 from typing import TYPE_CHECKING, Any
 
+import httpx
+import openai
 import voluptuous as vol
 from yarl import URL
 
@@ -227,13 +230,44 @@ def _format_errors(base_url: str, model: str) -> dict[str, str]:
     return errors
 
 
+def connection_cause(err: BaseException) -> str:
+    """Say in a few words why a connection check failed (for the form and the log).
+
+    Looks down the exception chain (SDK → httpx → socket) for the root cause: the
+    provider's own message names only the exception type.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    chain: list[BaseException] = []
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for cause in chain:
+        if isinstance(cause, socket.gaierror):
+            return "the host name cannot be resolved"
+        if isinstance(cause, ConnectionRefusedError):
+            return "the connection was refused: nothing listens on that port"
+        if isinstance(
+            cause, (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)
+        ):
+            return f"no answer within {VALIDATION_TIMEOUT:g} s"
+        if isinstance(cause, openai.APIStatusError) and cause.status_code >= 500:
+            return f"the server failed with HTTP {cause.status_code}"
+    for cause in chain:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+    return str(err)
+
+
 async def async_validate_openai(
     hass: HomeAssistant, base_url: str, api_key: str, model: str
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, str]]:
     """Check that the endpoint answers, accepts the key and knows the model.
 
-    Returns the form errors (empty when everything is fine). The API key is never
-    logged.
+    Returns the form errors (empty when everything is fine) and the placeholders
+    of their messages (``error``: the cause of a failed connection). Failures are
+    logged at debug level with their cause; the API key is never logged.
     """
     await async_prime_openai(hass)
     provider = OpenAIChatProvider(
@@ -245,12 +279,16 @@ async def async_validate_openai(
     )
     try:
         await provider.validate()
-    except ProviderAuthError:
-        return {"base": "invalid_auth"}
-    except ProviderModelNotFoundError:
-        return {"base": "model_not_found"}
-    except ProviderConnectionError:
-        return {"base": "cannot_connect"}
+    except ProviderAuthError as err:
+        _LOGGER.debug("%s rejected the API key: %s", safe_url(base_url), err)
+        return {"base": "invalid_auth"}, {}
+    except ProviderModelNotFoundError as err:
+        _LOGGER.debug("%s does not know model %s: %s", safe_url(base_url), model, err)
+        return {"base": "model_not_found"}, {}
+    except ProviderConnectionError as err:
+        cause = mask_secret(connection_cause(err), api_key)
+        _LOGGER.debug("Cannot connect to %s: %s (%s)", safe_url(base_url), cause, err)
+        return {"base": "cannot_connect"}, {"error": cause}
     except Exception as err:  # noqa: BLE001 - logged below, with the key masked
         # Not LOGGER.exception: the chained SDK error may quote the server's answer,
         # and servers echo keys back. Log the same traceback with the key masked.
@@ -261,8 +299,8 @@ async def async_validate_openai(
             safe_url(base_url),
             details,
         )
-        return {"base": "unknown"}
-    return {}
+        return {"base": "unknown"}, {}
+    return {}, {}
 
 
 @callback
@@ -317,6 +355,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
     ) -> ConfigFlowResult:
         """Connect an OpenAI-compatible chat endpoint."""
         errors: dict[str, str] = {}
+        placeholders: dict[str, str] = {}
         if user_input is not None:
             base_url = normalize_base_url(user_input[CONF_BASE_URL])
             model = user_input[CONF_MODEL].strip()
@@ -325,7 +364,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             if not errors:
                 await self.async_set_unique_id(openai_unique_id(base_url, model))
                 self._abort_if_unique_id_configured()
-                errors = await async_validate_openai(
+                errors, placeholders = await async_validate_openai(
                     self.hass, base_url, api_key, model
                 )
             if not errors:
@@ -349,6 +388,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 STEP_OPENAI_SCHEMA, user_input
             ),
             errors=errors,
+            description_placeholders=placeholders,
         )
 
     async def async_step_ha_agent(
@@ -396,9 +436,10 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         """Ask for a new API key and check it."""
         entry = self._get_reauth_entry()
         errors: dict[str, str] = {}
+        placeholders: dict[str, str] = {}
         if user_input is not None:
             api_key = user_input[CONF_API_KEY].strip()
-            errors = await async_validate_openai(
+            errors, placeholders = await async_validate_openai(
                 self.hass, entry.data[CONF_BASE_URL], api_key, entry.data[CONF_MODEL]
             )
             if not errors:
@@ -413,6 +454,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 "name": entry.title,
                 "base_url": entry.data[CONF_BASE_URL],
                 "model": entry.data[CONF_MODEL],
+                **placeholders,
             },
         )
 
@@ -436,6 +478,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         """
         entry = self._get_reconfigure_entry()
         errors: dict[str, str] = {}
+        placeholders: dict[str, str] = {}
         if user_input is not None:
             base_url = normalize_base_url(user_input[CONF_BASE_URL])
             model = user_input[CONF_MODEL].strip()
@@ -446,7 +489,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             errors = _format_errors(base_url, model)
             if not errors:
                 self._abort_if_taken_by_other_entry(entry, unique_id)
-                errors = await async_validate_openai(
+                errors, placeholders = await async_validate_openai(
                     self.hass, base_url, api_key, model
                 )
             if not errors:
@@ -470,7 +513,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 STEP_RECONFIGURE_OPENAI_SCHEMA, suggested
             ),
             errors=errors,
-            description_placeholders={"name": entry.title},
+            description_placeholders={"name": entry.title, **placeholders},
         )
 
     async def async_step_reconfigure_ha_agent(
