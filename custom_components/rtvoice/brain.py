@@ -64,6 +64,7 @@ from .kernel.openai_provider import (
     ProviderError,
     ProviderModelNotFoundError,
 )
+from .redact import safe_url
 from .tools import HaToolRunner, ToolResultHook
 from .turn import TurnContext, Turns
 
@@ -271,10 +272,17 @@ async def _async_create_openai_brain(
     try:
         await provider.validate()
     except ProviderAuthError as err:
+        # One sentence for HA's "could not authenticate: …" line; the server's own
+        # words go to the debug log.
+        _LOGGER.debug("The model server rejected the API key: %s", err)
+        status = getattr(err.__cause__, "status_code", None)
         raise ConfigEntryAuthFailed(
             translation_domain=DOMAIN,
             translation_key="auth_failed",
-            translation_placeholders={"error": str(err)},
+            translation_placeholders={
+                "base_url": safe_url(entry.data.get(CONF_BASE_URL, DEFAULT_BASE_URL)),
+                "status": f"HTTP {status}" if status else "refused",
+            },
         ) from err
     except ProviderModelNotFoundError as err:
         ir.async_create_issue(

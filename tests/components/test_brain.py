@@ -206,9 +206,10 @@ async def test_openai_auth_failure(
     assert caught.value.translation_domain == DOMAIN
     assert caught.value.translation_key == "auth_failed"
     assert caught.value.translation_placeholders is not None
-    error = caught.value.translation_placeholders["error"]
-    assert "401" in error
-    assert "sk-wrong-key-5555" not in error
+    assert caught.value.translation_placeholders == {
+        "base_url": openai_peer.base_url,
+        "status": "HTTP 401",
+    }
 
 
 async def test_openai_model_not_found_raises_a_repair_issue(
