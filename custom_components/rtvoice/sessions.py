@@ -146,6 +146,8 @@ class _Session:
     owner: str | None  # the HA user it belongs to (None: a satellite's, the system's)
     ids: set[str] = field(default_factory=set)  # own id + aliases HA used
     adopt_new_id: bool = False  # the next unknown id on this key continues it
+    dialog_user: str | None = None  # started by an id-less turn of this user
+    in_flight: int = 0  # async_converse calls routed here and not yet answered
     last_input: _Input | None = None
     turn: _Turn | None = None
     turns_running: int = 0
@@ -299,6 +301,19 @@ class SessionManager:
             _satellite, key = self._route_key(user_input)
             self._barged_in(self._by_key.get(key) if key is not None else None)
             raise
+        try:
+            return await self._async_answer(session, user_input, chat_log, agent_id)
+        finally:
+            session.in_flight -= 1
+
+    async def _async_answer(
+        self,
+        session: _Session,
+        user_input: ConversationInput,
+        chat_log: ChatLog,
+        agent_id: str,
+    ) -> ConversationResult:
+        """Push a routed turn's words and answer it (``async_converse``)."""
         self._brain.set_turn(
             session.id,
             TurnContext(
@@ -420,27 +435,49 @@ class SessionManager:
         self, user_input: ConversationInput, chat_log: ChatLog
     ) -> _Session:
         """Find or start the session of a turn (a new id on a satellite closes the old)."""
+        session = await self._async_find_or_spawn(user_input, chat_log)
+        session.in_flight += 1  # no await since the lookup: it cannot have closed
+        return session
+
+    async def _async_find_or_spawn(
+        self, user_input: ConversationInput, chat_log: ChatLog
+    ) -> _Session:
         satellite, key = self._route_key(user_input)
         wanted = {
             i for i in (user_input.conversation_id, chat_log.conversation_id) if i
         }
-        async with self._locks.hold(key or f"id:{chat_log.conversation_id}"):
+        user_id = user_input.context.user_id
+        # The browser's Assist dialog learns its conversation id only when a turn
+        # ends: a message sent while its first turn still runs comes without one.
+        # Such turns of one user are routed (and serialised) together.
+        dialog_user = (
+            user_id if key is None and not user_input.conversation_id else None
+        )
+        lock_key = key or (
+            f"dialog:{dialog_user}" if dialog_user else f"id:{chat_log.conversation_id}"
+        )
+        async with self._locks.hold(lock_key):
             if key is None:
                 for conversation_id in wanted:
                     if (session := self._by_alias.get(conversation_id)) is not None:
                         return session
+                if dialog_user and (session := self._open_dialog(dialog_user)):
+                    _LOGGER.debug(
+                        "Conversation %s: a message sent during its first answer",
+                        session.id,
+                    )
+                    self._add_aliases(session, wanted)
+                    return session
             elif (session := self._by_key.get(key)) is not None:
                 if wanted & session.ids:
                     return session
                 if session.adopt_new_id:
                     session.adopt_new_id = False
-                    for alias in wanted:
-                        session.ids.add(alias)
-                        self._by_alias[alias] = session
+                    self._add_aliases(session, wanted)
                     return session
                 _LOGGER.debug("New conversation on %s: closing %s", key, session.id)
                 await self._async_close(session)
-            return await self._async_spawn(
+            session = await self._async_spawn(
                 self._new_id(chat_log.conversation_id),
                 satellite=satellite,
                 device_id=user_input.device_id,
@@ -448,8 +485,32 @@ class SessionManager:
                 system_prompt=self._render_prompt(),
                 extra_prompt=user_input.extra_system_prompt,
                 adopt_new_id=False,
-                owner=user_input.context.user_id,
+                owner=user_id,
             )
+            session.dialog_user = dialog_user
+            return session
+
+    def _open_dialog(self, user_id: str) -> _Session | None:
+        """Return the user's id-less Assist dialog whose turns are still running.
+
+        Same user, same agent (this entry), no satellite or device, started by a
+        turn without conversation id, and a turn of it is still being answered:
+        the dialog cannot know its id yet. Once its turns are done the dialog has
+        its id, so an id-less turn then is a new dialog.
+        """
+        for session in self._sessions.values():
+            if (
+                session.dialog_user == user_id
+                and session.in_flight > 0
+                and not session.closing
+            ):
+                return session
+        return None
+
+    def _add_aliases(self, session: _Session, ids: set[str]) -> None:
+        for alias in ids:
+            session.ids.add(alias)
+            self._by_alias[alias] = session
 
     def _new_id(self, proposed: str | None) -> str:
         """HA's conversation id when it is fresh for us, else a new ULID."""

@@ -454,3 +454,81 @@ async def test_lists_leave_out_what_cannot_work(
     # The agent field has helper text (the conversation agent picker shows none).
     step = json.loads(TRANSLATIONS.read_text())["config"]["step"][BRAIN_HA_AGENT]
     assert step["data_description"][CONF_AGENT_ID]
+
+
+# ── 11: the browser's Assist dialog ───────────────────────────────────────────────
+
+
+def dialog_turn(
+    home: Home, text: str, user: MockUser, conversation_id: str | None = None
+) -> asyncio.Task[conversation.ConversationResult]:
+    """Send a message as the Assist dialog does: that user, no device, no satellite."""
+    return home.hass.async_create_task(
+        conversation.async_converse(
+            home.hass,
+            text,
+            conversation_id,
+            Context(user_id=user.id),
+            language="en",
+            agent_id=AGENT,
+        )
+    )
+
+
+async def test_message_during_the_first_answer_interrupts_it(
+    home: Home,
+    entry: MockConfigEntry,
+    openai_peer: OpenAIPeer,
+    hass_admin_user: MockUser,
+) -> None:
+    """The dialog has no id yet: its second message still barges into its first."""
+    openai_peer.enqueue(Text("Once upon a time"), Hang())
+    openai_peer.enqueue(Text("Sure, stopping."))
+    first = dialog_turn(home, "tell me a long story", hass_admin_user)
+    held = await openai_peer.wait_for_request(1)
+    await home.wait_snapshot(lambda s: s.state == "speaking")
+    second = dialog_turn(home, "stop, thanks", hass_admin_user)
+
+    answered = await second
+    await held.disconnected.wait()  # the first answer stopped at the model
+    cut = await first
+    assert answered.conversation_id == cut.conversation_id
+    assert answered.response.speech["plain"]["speech"] == "Sure, stopping."
+    assert [c["id"] for c in home.control.list_conversations()] == [
+        answered.conversation_id
+    ]
+    # The model saw one conversation: the cut story, then the new words.
+    assert openai_peer.requests[1].messages[-1] == {
+        "role": "user",
+        "content": "stop, thanks",
+    }
+    assert {"role": "user", "content": "tell me a long story"} in openai_peer.requests[
+        1
+    ].messages
+
+
+async def test_two_separate_dialogs_stay_separate(
+    home: Home,
+    entry: MockConfigEntry,
+    openai_peer: OpenAIPeer,
+    hass_admin_user: MockUser,
+    hass_read_only_user: MockUser,
+) -> None:
+    """Other users' dialogs, and a new dialog after an answer, are conversations of their own."""
+    release = asyncio.Event()
+    openai_peer.enqueue(Text("One"), WaitFor(release), Text("."))
+    openai_peer.enqueue(Text("Two."))
+    first = dialog_turn(home, "hello", hass_admin_user)
+    await openai_peer.wait_for_request(1)
+    other = await dialog_turn(home, "hi", hass_read_only_user)
+    release.set()
+    mine = await first
+    assert mine.conversation_id != other.conversation_id
+    assert mine.response.speech["plain"]["speech"] == "One."
+    assert other.response.speech["plain"]["speech"] == "Two."
+
+    # The first dialog's turn is over: an id-less message now opens a new dialog.
+    openai_peer.enqueue(Text("Three."))
+    again = await dialog_turn(home, "hello again", hass_admin_user)
+    assert again.conversation_id not in {mine.conversation_id, other.conversation_id}
+    assert len(home.control.list_conversations()) == 3
