@@ -513,15 +513,24 @@ class SessionManager:
             self._by_alias[alias] = session
 
     def _new_id(self, proposed: str | None) -> str:
-        """HA's conversation id when it is fresh for us, else a new ULID."""
-        if (
-            proposed
-            and proposed != self._kernel.parent_id
-            and proposed not in self._by_alias
-            and self._kernel.transcript(proposed) is None
-        ):
+        """HA's conversation id when it is free, else a new ULID.
+
+        An id that names a closed conversation's transcript is not free: reusing
+        it would mix two conversations under one id and the next close would
+        replace the first transcript (docs/how-it-works.md). HA itself replaces
+        an expired conversation id too; the answer carries the new one.
+        """
+        if not proposed or proposed == self._kernel.parent_id:
+            return ulid_now()
+        if proposed not in self._by_alias and self._kernel.transcript(proposed) is None:
             return proposed
-        return ulid_now()
+        new_id = ulid_now()
+        _LOGGER.debug(
+            "Conversation %s has ended (its transcript keeps the id): continuing as %s",
+            proposed,
+            new_id,
+        )
+        return new_id
 
     # ── what the control plane uses ───────────────────────────────────────
 

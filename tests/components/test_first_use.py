@@ -532,3 +532,31 @@ async def test_two_separate_dialogs_stay_separate(
     again = await dialog_turn(home, "hello again", hass_admin_user)
     assert again.conversation_id not in {mine.conversation_id, other.conversation_id}
     assert len(home.control.list_conversations()) == 3
+
+
+# ── 15: an ended conversation's id is not reused (documented why) ────────────────
+
+
+async def test_an_ended_conversation_keeps_its_id_and_transcript(
+    home: Home, entry: MockConfigEntry, openai_peer: OpenAIPeer
+) -> None:
+    """A caller's own id is used while free; after its close it names the transcript."""
+    hass = home.hass
+    openai_peer.enqueue(Text("Noted."))
+    first = await conversation.async_converse(
+        hass, "remember milk", "kitchen-notes", Context(), language="en", agent_id=AGENT
+    )
+    assert first.conversation_id == "kitchen-notes"  # free: the caller's id is kept
+    await call(hass, SERVICE_STOP_CONVERSATION, {"conversation_id": "kitchen-notes"})
+
+    openai_peer.enqueue(Text("Noted too."))
+    again = await conversation.async_converse(
+        hass, "and eggs", "kitchen-notes", Context(), language="en", agent_id=AGENT
+    )
+    assert again.conversation_id != "kitchen-notes"
+    page = await call(
+        hass,
+        SERVICE_GET_TRANSCRIPT,
+        {"conversation_id": "kitchen-notes", "format": "raw"},
+    )
+    assert [m["content"] for m in page["transcript"]] == ["remember milk", "Noted."]
