@@ -308,6 +308,17 @@ async def test_reading_needs_an_admin(
     admin = await agent_for(hass, entry, hass_admin_user.id)
     assert "conversations" in await admin.children(action="list")
     assert "transcript" in await admin.transcript(id=child)
+
+    # Another conversation (the admin's) is not the user's to send to or stop,
+    # and the refusal names no id (issue 12 item 5).
+    theirs = (await admin.children(action="create", satellite=QUIET_SATELLITE))["id"]
+    for args in (
+        {"action": "send", "id": theirs, "text": "Hi"},
+        {"action": "stop", "id": theirs},
+    ):
+        refused = str((await user.children(**args))["error"])
+        assert "only send to or stop conversations they started" in refused
+        assert theirs not in refused and child not in refused
     assert (await user.children(action="stop", id=child))["id"] == child
 
 
