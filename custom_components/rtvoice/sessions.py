@@ -224,6 +224,7 @@ class SessionManager:
         self._by_alias: dict[str, _Session] = {}  # every id a session answers to
         self._by_key: dict[str, _Session] = {}  # satellite / device key
         self._satellite_of: dict[str, str | None] = {}  # also for closed ids
+        self._owner_of: dict[str, str | None] = {}  # also for closed ids
         self._satellite_pairs: set[str] = set()  # satellites whose pair we hold
         self._locks = _KeyLocks()
         self._close_tasks: set[asyncio.Task[Any]] = set()
@@ -603,9 +604,10 @@ class SessionManager:
         ]
 
     def owner(self, conversation_id: str) -> str | None:
-        """Return the user a live conversation belongs to (None: none, or not live)."""
-        session = self._by_alias.get(conversation_id)
-        return session.owner if session is not None else None
+        """Return the user a conversation belongs to, live or archived (None: none)."""
+        if (session := self._by_alias.get(conversation_id)) is not None:
+            return session.owner
+        return self._owner_of.get(conversation_id)
 
     def satellite(self, conversation_id: str) -> str | None:
         """Return the satellite of a live conversation (None: none, or not live)."""
@@ -738,6 +740,7 @@ class SessionManager:
         if key is not None:
             self._by_key[key] = session
         self._satellite_of[session_id] = satellite
+        self._owner_of[session_id] = owner
         self._arm_idle(session)
         _LOGGER.debug(
             "Conversation %s started (satellite=%s, channels=%s)",
@@ -790,6 +793,7 @@ class SessionManager:
         known = {*self._kernel.archived(), *self._sessions}
         for closed_id in [i for i in self._satellite_of if i not in known]:
             del self._satellite_of[closed_id]
+            self._owner_of.pop(closed_id, None)
         _LOGGER.debug("Conversation %s closed (%d messages)", session.id, messages)
         async_dispatcher_send(
             self._hass,

@@ -560,3 +560,24 @@ async def test_an_ended_conversation_keeps_its_id_and_transcript(
         {"conversation_id": "kitchen-notes", "format": "raw"},
     )
     assert [m["content"] for m in page["transcript"]] == ["remember milk", "Noted."]
+
+
+async def test_own_ended_conversation_says_it_ended(
+    home: Home,
+    entry: MockConfigEntry,
+    openai_peer: OpenAIPeer,
+    hass_read_only_user: MockUser,
+) -> None:
+    """A user sending to their own ended conversation is told it ended, not refused."""
+    hass = home.hass
+    user = Context(user_id=hass_read_only_user.id)
+    mine = (await call(hass, SERVICE_START_CONVERSATION, {}, context=user))[
+        "conversation_id"
+    ]
+    openai_peer.enqueue(Text("Hello."))
+    await send_answered(home, mine, "Hi")
+    await call(hass, SERVICE_STOP_CONVERSATION, {"conversation_id": mine}, context=user)
+    err = await action_error(
+        hass, SERVICE_SEND, {"conversation_id": mine, "text": "again"}, context=user
+    )
+    assert err.translation_key == "conversation_closed"
