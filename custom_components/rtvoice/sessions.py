@@ -332,6 +332,11 @@ class SessionManager:
             self._barged_in(session)
             raise
         ticket = self._push(session, user_input.text)
+        # Read when the round ends, before a next round can commit anything.
+        round_tools: list[str] = []
+        ticket.outcome.add_done_callback(
+            partial(self._collect_round_tools, session, round_tools)
+        )
         # TODO(kernel): with ChildOptions.delivery, this feed acknowledges what it
         # delivered (Kernel.acknowledge(child_id, seq, chars, final)): on HA 2025.4
         # a satellite hears only the finished answer, so a cut answer was never
@@ -368,7 +373,7 @@ class SessionManager:
             # partial answer (the round is marked failed in the transcripts).
         elif not speech.strip():
             # Cut (or voided) before it said anything: say what its tools did.
-            speech = interrupted_speech(self._round_tool_results(session, outcome))
+            speech = interrupted_speech(round_tools)
         return conversation_result(
             outcome,
             language=user_input.language,
@@ -391,22 +396,24 @@ class SessionManager:
             return newest.spoken()
         return outcome.text
 
-    def _round_tool_results(self, session: _Session, outcome: Outcome) -> list[str]:
-        """Return the results of the tools the just-ended round finished.
+    def _collect_round_tools(
+        self, session: _Session, into: list[str], future: asyncio.Future[Outcome]
+    ) -> None:
+        """Collect the results of the tools an interrupted round finished.
 
-        An interrupted round committed its user input and its finished tool groups
-        last (the next round commits only when it ends), so they are the tail of the
-        history after the last user message. A superseded round ran nothing.
+        A done callback of the round's outcome: it runs before the kernel can
+        start the next round, so the round's user input and finished tool groups
+        are the tail of the history. A superseded round ran nothing.
         """
-        if outcome.status != "interrupted":
-            return []
+        if future.cancelled() or future.result().status != "interrupted":
+            return
         results: list[str] = []
         for message in reversed(self._kernel.transcript(session.id) or ()):
             if message.role == "user":
                 break
             if message.role == "tool":
                 results.append(message.content)
-        return results[::-1]
+        into.extend(reversed(results))
 
     def _barged_in(self, session: _Session | None) -> None:
         """HA cancelled a turn of the session: its next unknown id continues it."""
