@@ -456,26 +456,29 @@ class SessionManager:
         }
         user_id = user_input.context.user_id
         # The browser's Assist dialog learns its conversation id only when a turn
-        # ends: a message sent while its first turn still runs comes without one.
-        # Such turns of one user are routed (and serialised) together.
-        dialog_user = (
-            user_id if key is None and not user_input.conversation_id else None
-        )
+        # ends: a message sent while its first turn still runs comes without one
+        # (the pipeline then makes up a fresh id). Keyless turns of one user are
+        # routed one at a time.
         lock_key = key or (
-            f"dialog:{dialog_user}" if dialog_user else f"id:{chat_log.conversation_id}"
+            f"dialog:{user_id}" if user_id else f"id:{chat_log.conversation_id}"
         )
+        dialog_user: str | None = None
         async with self._locks.hold(lock_key):
             if key is None:
                 for conversation_id in wanted:
                     if (session := self._by_alias.get(conversation_id)) is not None:
                         return session
-                if dialog_user and (session := self._open_dialog(dialog_user)):
-                    _LOGGER.debug(
-                        "Conversation %s: a message sent during its first answer",
-                        session.id,
-                    )
-                    self._add_aliases(session, wanted)
-                    return session
+                if user_id and not any(self._kernel.transcript(i) for i in wanted):
+                    # No id we know (live or ended): a dialog without its id yet.
+                    dialog_user = user_id
+                    if (session := self._open_dialog(user_id)) is not None:
+                        session.adopt_new_id = False
+                        _LOGGER.debug(
+                            "Conversation %s: a message sent during its first answer",
+                            session.id,
+                        )
+                        self._add_aliases(session, wanted)
+                        return session
             elif (session := self._by_key.get(key)) is not None:
                 if wanted & session.ids:
                     return session
@@ -499,17 +502,20 @@ class SessionManager:
             return session
 
     def _open_dialog(self, user_id: str) -> _Session | None:
-        """Return the user's id-less Assist dialog whose turns are still running.
+        """Return the user's id-less Assist dialog that a new message continues.
 
         Same user, same agent (this entry), no satellite or device, started by a
-        turn without conversation id, and a turn of it is still being answered:
-        the dialog cannot know its id yet. Once its turns are done the dialog has
-        its id, so an id-less turn then is a new dialog.
+        turn without conversation id, and a turn of it is still being answered or
+        was just cancelled by Home Assistant: the dialog cannot know its id yet.
+        (The frontend of HA 2025.4 cancels the running turn when the next message
+        is sent, so the cancelled turn may end before the new one arrives.) Once a
+        turn of it has been answered, the dialog has its id, so an id-less turn
+        then is a new dialog.
         """
         for session in self._sessions.values():
             if (
                 session.dialog_user == user_id
-                and session.in_flight > 0
+                and (session.in_flight > 0 or session.adopt_new_id)
                 and not session.closing
             ):
                 return session

@@ -50,6 +50,7 @@ from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.exceptions import ServiceValidationError, Unauthorized
 from homeassistant.helpers import intent, llm
 from homeassistant.helpers.selector import SelectSelector
+from homeassistant.util.ulid import ulid_now
 from tests.components.pipeline.helpers import (
     AGENT,
     BED_LIGHT,
@@ -475,19 +476,28 @@ def dialog_turn(
     )
 
 
+@pytest.mark.parametrize("second_id", [None, "fresh"])
 async def test_message_during_the_first_answer_interrupts_it(
     home: Home,
     entry: MockConfigEntry,
     openai_peer: OpenAIPeer,
     hass_admin_user: MockUser,
+    second_id: str | None,
 ) -> None:
-    """The dialog has no id yet: its second message still barges into its first."""
+    """The dialog has no id yet: its second message still barges into its first.
+
+    Sent as conversation/process does (no id), or as assist_pipeline/run does (the
+    pipeline makes up a fresh id for a run without one; found with a real browser,
+    tests/components/browser/check_first_use.py).
+    """
     openai_peer.enqueue(Text("Once upon a time"), Hang())
     openai_peer.enqueue(Text("Sure, stopping."))
     first = dialog_turn(home, "tell me a long story", hass_admin_user)
     held = await openai_peer.wait_for_request(1)
     await home.wait_snapshot(lambda s: s.state == "speaking")
-    second = dialog_turn(home, "stop, thanks", hass_admin_user)
+    second = dialog_turn(
+        home, "stop, thanks", hass_admin_user, ulid_now() if second_id else None
+    )
 
     answered = await second
     await held.disconnected.wait()  # the first answer stopped at the model
@@ -581,3 +591,38 @@ async def test_own_ended_conversation_says_it_ended(
         hass, SERVICE_SEND, {"conversation_id": mine, "text": "again"}, context=user
     )
     assert err.translation_key == "conversation_closed"
+
+
+async def test_message_after_the_frontend_cancelled_the_first_turn(
+    home: Home,
+    entry: MockConfigEntry,
+    openai_peer: OpenAIPeer,
+    hass_admin_user: MockUser,
+) -> None:
+    """HA 2025.4's dialog cancels the running turn, then sends: still one conversation.
+
+    Found with a real browser (tests/components/browser/check_first_use.py): the
+    frontend ends the first pipeline run before it starts the next one.
+    """
+    openai_peer.enqueue(Text("Once upon a time"), Hang())
+    openai_peer.enqueue(Text("Sure, stopping."))
+    first = dialog_turn(home, "tell me a long story", hass_admin_user)
+    held = await openai_peer.wait_for_request(1)
+    await home.wait_snapshot(lambda s: s.state == "speaking")
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await held.disconnected.wait()
+
+    answered = await dialog_turn(home, "stop, thanks", hass_admin_user)
+    assert answered.response.speech["plain"]["speech"] == "Sure, stopping."
+    assert len(home.control.list_conversations()) == 1
+    said = [
+        m["content"] for m in openai_peer.requests[1].messages if m["role"] == "user"
+    ]
+    assert said == ["tell me a long story", "stop, thanks"]
+
+    # Answered: the dialog now knows its id, an id-less message is a new dialog.
+    openai_peer.enqueue(Text("Hello."))
+    fresh = await dialog_turn(home, "hi", hass_admin_user)
+    assert fresh.conversation_id != answered.conversation_id
