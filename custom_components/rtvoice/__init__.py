@@ -49,8 +49,13 @@ async def async_setup_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> b
 async def _async_update_listener(
     hass: HomeAssistant, entry: RtVoiceConfigEntry
 ) -> None:
-    """Options changed: reload so the new options apply."""
-    await hass.config_entries.async_reload(entry.entry_id)
+    """Options changed: apply them in place, keeping conversations and transcripts.
+
+    Only switching tools on or off needs the entry to reload (which closes the
+    running conversations with hand-off, as unloading does).
+    """
+    if not entry.runtime_data.apply_options(entry.options):
+        await hass.config_entries.async_reload(entry.entry_id)
 
 
 async def async_unload_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> bool:

@@ -1,8 +1,9 @@
 """The brains of Realtime Voice: a kernel chat provider and tool runner each.
 
 * ``openai``: an OpenAI-compatible chat endpoint (``OpenAIChatProvider`` on Home
-  Assistant's shared httpx client) with the tools of an HA LLM API
-  (``HaToolRunner``).
+  Assistant's shared httpx client, wrapped in ``EndpointProvider`` for the stream
+  timeouts and options that change without a reload) with the tools of an HA LLM
+  API (``HaToolRunner``).
 * ``ha_agent``: every round is delegated to an existing HA conversation agent
   through ``conversation.async_converse``. The built-in agent acts on devices and
   answers fast, so its call is made as one tool call (``ha_assist``) and thereby is
@@ -16,7 +17,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncGenerator, Mapping
 import logging
+from typing import Any
 
 import openai
 
@@ -37,30 +41,123 @@ from .const import (
     CONF_API_KEY,
     CONF_BASE_URL,
     CONF_BRAIN,
+    CONF_CHUNK_TIMEOUT,
+    CONF_FIRST_TOKEN_TIMEOUT,
     CONF_LLM_HASS_API,
     CONF_MODEL,
     CONF_TEMPERATURE,
     DEFAULT_BASE_URL,
+    DEFAULT_CHUNK_TIMEOUT,
+    DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_LLM_HASS_API,
     DEFAULT_MODEL,
     DEFAULT_TEMPERATURE,
     DOMAIN,
     LLM_API_NONE,
 )
-from .kernel import ChatProvider, PromptRegistry, ToolRunner
+from .kernel import ChatProvider, Delta, Message, PromptRegistry, ToolRunner, ToolSpec
 from .kernel.openai_provider import (
     PLACEHOLDER_API_KEY,
     OpenAIChatProvider,
     ProviderAuthError,
+    ProviderConnectionError,
     ProviderError,
     ProviderModelNotFoundError,
 )
+from .redact import safe_url
 from .tools import HaToolRunner
 from .turn import TurnContext, Turns
 
 _LOGGER = logging.getLogger(__name__)
 
 ISSUE_MODEL_NOT_FOUND = "model_not_found"
+
+
+class EndpointProvider:
+    """The kernel's chat provider for an endpoint: timeouts, live options.
+
+    Wraps the kernel's ``OpenAIChatProvider``:
+
+    - **First-token timeout**: how long a request may take until its first piece
+      (text or tool calls) arrives. Covers connecting and a local server loading
+      the model on first use, so it is the larger one.
+    - **Chunk timeout**: how long a stream may pause between two pieces once it
+      answers. A stream that stops mid-answer fails the round after it (the kernel
+      apologises) instead of stalling for the HTTP read timeout.
+
+    The SDK's own per-read timeout is set to the first-token timeout, so it never
+    fires before ours. ``configure`` applies changed options to the next request;
+    a request already streaming keeps the provider it started with.
+    """
+
+    def __init__(self, hass: HomeAssistant, data: Mapping[str, Any]) -> None:
+        """Create the provider for an entry's endpoint (``data``); call ``configure``."""
+        self._hass = hass
+        self._data = data
+        self._inner: OpenAIChatProvider | None = None
+        self._settings: tuple[float, float, float] | None = None
+        self.first_token_timeout = float(DEFAULT_FIRST_TOKEN_TIMEOUT)
+        self.chunk_timeout = float(DEFAULT_CHUNK_TIMEOUT)
+
+    @property
+    def endpoint(self) -> OpenAIChatProvider:
+        """The kernel provider requests go to (created by ``configure``)."""
+        assert self._inner is not None, "configure() first"
+        return self._inner
+
+    def configure(self, options: Mapping[str, Any]) -> None:
+        """Apply the entry's options to the next request."""
+        temperature = float(options.get(CONF_TEMPERATURE, DEFAULT_TEMPERATURE))
+        self.first_token_timeout = float(
+            options.get(CONF_FIRST_TOKEN_TIMEOUT, DEFAULT_FIRST_TOKEN_TIMEOUT)
+        )
+        self.chunk_timeout = float(
+            options.get(CONF_CHUNK_TIMEOUT, DEFAULT_CHUNK_TIMEOUT)
+        )
+        settings = (temperature, self.first_token_timeout, self.chunk_timeout)
+        if settings == self._settings:
+            return
+        self._settings = settings
+        self._inner = OpenAIChatProvider(
+            base_url=self._data.get(CONF_BASE_URL, DEFAULT_BASE_URL),
+            api_key=self._data.get(CONF_API_KEY),
+            model=self._data.get(CONF_MODEL, DEFAULT_MODEL),
+            http_client=get_async_client(self._hass),
+            temperature=temperature,
+            timeout=max(self.first_token_timeout, self.chunk_timeout),
+        )
+
+    async def validate(self) -> None:
+        """Check the endpoint, key and model (see ``OpenAIChatProvider.validate``)."""
+        await self.endpoint.validate()
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> AsyncGenerator[Delta]:
+        """Stream the endpoint's answer; fail when it is silent for too long."""
+        inner = self.endpoint.stream(messages, tools)
+        limit = self.first_token_timeout
+        what = "first answer"
+        try:
+            while True:
+                timer = asyncio.timeout(limit)
+                try:
+                    async with timer:
+                        delta = await anext(inner)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    if not timer.expired():
+                        raise
+                    raise ProviderConnectionError(
+                        f"the model server sent no {what} within {limit:g} s"
+                    ) from None
+                limit = self.chunk_timeout
+                what = "further answer"
+                yield delta
+        finally:
+            # Closing releases the HTTP response at once (also on cancellation).
+            await inner.aclose()
 
 
 class Brain:
@@ -78,6 +175,20 @@ class Brain:
         self.provider = provider
         self.tools = tools
         self._turns = turns
+
+    def configure(self, options: Mapping[str, Any]) -> None:
+        """Apply changed options to the next request (no reload, nothing is cut).
+
+        The model's temperature and stream timeouts, and which LLM API the tools
+        come from (prepared again at every turn). Whether there are tools at all
+        is decided when the entry loads.
+        """
+        if isinstance(self.provider, EndpointProvider):
+            self.provider.configure(options)
+        if isinstance(self.tools, HaToolRunner):
+            api_id = options.get(CONF_LLM_HASS_API, DEFAULT_LLM_HASS_API)
+            if api_id and api_id != LLM_API_NONE:
+                self.tools.api_id = api_id
 
     def agent_reply(self, child_id: str) -> intent.IntentResponse | None:
         """Return the delegated agent's answer in the child's current turn, if any."""
@@ -143,21 +254,23 @@ async def _async_create_openai_brain(
 ) -> Brain:
     model = entry.data.get(CONF_MODEL, DEFAULT_MODEL)
     await async_prime_openai(hass)
-    provider = OpenAIChatProvider(
-        base_url=entry.data.get(CONF_BASE_URL, DEFAULT_BASE_URL),
-        api_key=entry.data.get(CONF_API_KEY),
-        model=model,
-        http_client=get_async_client(hass),
-        temperature=entry.options.get(CONF_TEMPERATURE, DEFAULT_TEMPERATURE),
-    )
+    provider = EndpointProvider(hass, entry.data)
+    provider.configure(entry.options)
     # Provider error messages are short and never contain the API key.
     try:
         await provider.validate()
     except ProviderAuthError as err:
+        # One sentence for HA's "could not authenticate: …" line; the server's own
+        # words go to the debug log.
+        _LOGGER.debug("The model server rejected the API key: %s", err)
+        status = getattr(err.__cause__, "status_code", None)
         raise ConfigEntryAuthFailed(
             translation_domain=DOMAIN,
             translation_key="auth_failed",
-            translation_placeholders={"error": str(err)},
+            translation_placeholders={
+                "base_url": safe_url(entry.data.get(CONF_BASE_URL, DEFAULT_BASE_URL)),
+                "status": f"HTTP {status}" if status else "refused",
+            },
         ) from err
     except ProviderModelNotFoundError as err:
         ir.async_create_issue(

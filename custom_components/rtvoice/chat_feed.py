@@ -10,7 +10,7 @@ the per-delta path awaits: ``delta`` and ``tool`` are plain calls.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 import json
 from typing import Any, Final
@@ -30,6 +30,11 @@ from .const import DOMAIN
 from .kernel import Outcome, ToolCall
 
 APOLOGY: Final = "Sorry, I couldn't reach the language model."
+# What HA's own agent says when it cannot make sense of the words (its English
+# "no intent" answer).
+NOT_UNDERSTOOD: Final = "Sorry, I couldn't understand that"
+# The answer of a turn cut before it said anything and whose tools said nothing.
+INTERRUPTED: Final = "I was interrupted."
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,67 @@ def _record_tool(chat_log: ChatLog, agent_id: str, record: _ToolRecord) -> None:
     )
 
 
+def interrupted_speech(tool_results: Iterable[str]) -> str:
+    """Return what to answer for a turn cut before it said anything: never blank.
+
+    What its finished tools said they did (an Assist tool's speech, the delegated
+    agent's speech, else the names of the entities it acted on), else that it was
+    interrupted.
+    """
+    said = [text for result in tool_results if (text := _tool_said(result))]
+    return " ".join(said) if said else INTERRUPTED
+
+
+def _tool_said(result: str) -> str:
+    """Return what a tool result says was done ("" when it says nothing usable)."""
+    value = tool_result_object(result)
+    speech = value.get("speech")
+    if isinstance(speech, dict):  # HA's intent response: {"plain": {"speech": …}}
+        plain = speech.get("plain")
+        speech = plain.get("speech") if isinstance(plain, dict) else None
+    if isinstance(speech, str) and speech.strip():
+        return speech.strip()
+    data = value.get("data")
+    success = data.get("success") if isinstance(data, dict) else None
+    names = [
+        str(target["name"])
+        for target in success or ()
+        if isinstance(target, dict) and target.get("name")
+    ]
+    return f"Done: {', '.join(names)}." if names else ""
+
+
+def _pass_on_results(
+    response: intent.IntentResponse, agent_reply: intent.IntentResponse
+) -> None:
+    """Copy what the delegated agent did (targets, results, states) into ``response``.
+
+    So a pipeline, the Assist dialog or an automation sees the entities switched,
+    as with HA's own agent (``data.success`` / ``data.failed``).
+    """
+    response.response_type = agent_reply.response_type
+    response.async_set_targets(list(agent_reply.intent_targets))
+    response.async_set_results(
+        list(agent_reply.success_results), list(agent_reply.failed_results)
+    )
+    response.async_set_states(
+        list(agent_reply.matched_states), list(agent_reply.unmatched_states)
+    )
+
+
+def not_understood_result(*, language: str, conversation_id: str) -> ConversationResult:
+    """Return HA's default agent's answer to words it cannot understand.
+
+    Used for blank input: the same error code (``no_intent_match``) and speech, so
+    a pipeline or the Assist dialog treats it as HA's own agent's answer.
+    """
+    response = intent.IntentResponse(language=language)
+    response.async_set_error(
+        intent.IntentResponseErrorCode.NO_INTENT_MATCH, NOT_UNDERSTOOD
+    )
+    return ConversationResult(response=response, conversation_id=conversation_id)
+
+
 def conversation_result(
     outcome: Outcome,
     *,
@@ -176,6 +242,8 @@ def conversation_result(
         )
         return ConversationResult(response=response, conversation_id=conversation_id)
     response.async_set_speech(speech)
+    if outcome.status == "completed" and agent_reply is not None:
+        _pass_on_results(response, agent_reply)
     return ConversationResult(
         response=response,
         conversation_id=conversation_id,

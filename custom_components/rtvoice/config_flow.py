@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import logging
+import socket
 import traceback
 from typing import TYPE_CHECKING, Any
 
+import httpx
+import openai
 import voluptuous as vol
 from yarl import URL
 
@@ -29,7 +32,6 @@ from homeassistant.helpers import entity_registry as er, llm
 from homeassistant.helpers.httpx_client import get_async_client
 from homeassistant.helpers.selector import (
     BooleanSelector,
-    ConversationAgentSelector,
     NumberSelector,
     NumberSelectorConfig,
     NumberSelectorMode,
@@ -52,7 +54,9 @@ from .const import (
     CONF_BASE_URL,
     CONF_BRAIN,
     CONF_CARRY_OVER,
+    CONF_CHUNK_TIMEOUT,
     CONF_CONTEXT_WINDOW,
+    CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
     CONF_MAX_TOOL_TURNS,
@@ -63,7 +67,9 @@ from .const import (
     DEFAULT_AGENT_ID,
     DEFAULT_BASE_URL,
     DEFAULT_CARRY_OVER,
+    DEFAULT_CHUNK_TIMEOUT,
     DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_LLM_HASS_API,
     DEFAULT_MAX_TOOL_TURNS,
@@ -75,16 +81,21 @@ from .const import (
     DEFAULT_TEMPERATURE,
     DOMAIN,
     LLM_API_NONE,
+    MAX_CHUNK_TIMEOUT,
     MAX_CONTEXT_WINDOW,
+    MAX_FIRST_TOKEN_TIMEOUT,
     MAX_IDLE_TIMEOUT,
     MAX_MAX_TOOL_TURNS,
     MAX_TEMPERATURE,
+    MIN_CHUNK_TIMEOUT,
     MIN_CONTEXT_WINDOW,
+    MIN_FIRST_TOKEN_TIMEOUT,
     MIN_IDLE_TIMEOUT,
     MIN_MAX_TOOL_TURNS,
     MIN_TEMPERATURE,
     VALIDATION_TIMEOUT,
 )
+from .control_api import API_ID_PREFIX as CONTROL_API_ID_PREFIX
 from .kernel.openai_provider import (
     OpenAIChatProvider,
     ProviderAuthError,
@@ -102,7 +113,6 @@ _NAME_SELECTOR = TextSelector()
 _URL_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.URL))
 _KEY_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.PASSWORD))
 _MODEL_SELECTOR = TextSelector()
-_AGENT_SELECTOR = ConversationAgentSelector()
 
 STEP_OPENAI_SCHEMA = vol.Schema(
     {
@@ -110,12 +120,6 @@ STEP_OPENAI_SCHEMA = vol.Schema(
         vol.Required(CONF_BASE_URL, default=DEFAULT_BASE_URL): _URL_SELECTOR,
         vol.Optional(CONF_API_KEY): _KEY_SELECTOR,
         vol.Required(CONF_MODEL, default=DEFAULT_MODEL): _MODEL_SELECTOR,
-    }
-)
-STEP_HA_AGENT_SCHEMA = vol.Schema(
-    {
-        vol.Required(CONF_NAME, default=DEFAULT_NAME): _NAME_SELECTOR,
-        vol.Required(CONF_AGENT_ID, default=DEFAULT_AGENT_ID): _AGENT_SELECTOR,
     }
 )
 STEP_REAUTH_SCHEMA = vol.Schema({vol.Required(CONF_API_KEY): _KEY_SELECTOR})
@@ -126,9 +130,65 @@ STEP_RECONFIGURE_OPENAI_SCHEMA = vol.Schema(
         vol.Required(CONF_MODEL): _MODEL_SELECTOR,
     }
 )
-STEP_RECONFIGURE_HA_AGENT_SCHEMA = vol.Schema(
-    {vol.Required(CONF_AGENT_ID): _AGENT_SELECTOR}
-)
+
+
+@callback
+def _agent_selector(hass: HomeAssistant) -> SelectSelector:
+    """Return a selector of the agents a Realtime Voice entry may delegate to.
+
+    Not HA's conversation agent selector: it offers Realtime Voice's own agents
+    too (which cannot work: an agent cannot delegate to itself), and the frontend
+    shows no helper text under it. Typing another agent id stays possible.
+    """
+    registry = er.async_get(hass)
+    options = [
+        SelectOptionDict(value=state.entity_id, label=state.name)
+        for state in sorted(
+            hass.states.async_all(conversation.DOMAIN), key=lambda s: s.name
+        )
+        if (entity := registry.async_get(state.entity_id)) is None
+        or entity.platform != DOMAIN
+    ]
+    return SelectSelector(
+        SelectSelectorConfig(
+            options=options, mode=SelectSelectorMode.DROPDOWN, custom_value=True
+        )
+    )
+
+
+@callback
+def _ha_agent_schema(hass: HomeAssistant) -> vol.Schema:
+    return vol.Schema(
+        {
+            vol.Required(CONF_NAME, default=DEFAULT_NAME): _NAME_SELECTOR,
+            vol.Required(CONF_AGENT_ID, default=DEFAULT_AGENT_ID): _agent_selector(
+                hass
+            ),
+        }
+    )
+
+
+@callback
+def _reconfigure_ha_agent_schema(hass: HomeAssistant) -> vol.Schema:
+    return vol.Schema({vol.Required(CONF_AGENT_ID): _agent_selector(hass)})
+
+
+@callback
+def distinct_title(hass: HomeAssistant, wanted: str, detail: str) -> str:
+    """Return ``wanted`` as an entry title, made distinct from the other entries'.
+
+    A second entry with the default name is told apart by ``detail`` (the model or
+    the agent's name), and by a number if that is taken too.
+    """
+    titles = {entry.title for entry in hass.config_entries.async_entries(DOMAIN)}
+    if wanted not in titles:
+        return wanted
+    title = base = f"{wanted} ({detail})"
+    number = 2
+    while title in titles:
+        title = f"{base} {number}"
+        number += 1
+    return title
 
 
 def normalize_base_url(base_url: str) -> str:
@@ -170,13 +230,44 @@ def _format_errors(base_url: str, model: str) -> dict[str, str]:
     return errors
 
 
+def connection_cause(err: BaseException) -> str:
+    """Say in a few words why a connection check failed (for the form and the log).
+
+    Looks down the exception chain (SDK → httpx → socket) for the root cause: the
+    provider's own message names only the exception type.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    chain: list[BaseException] = []
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for cause in chain:
+        if isinstance(cause, socket.gaierror):
+            return "the host name cannot be resolved"
+        if isinstance(cause, ConnectionRefusedError):
+            return "the connection was refused: nothing listens on that port"
+        if isinstance(
+            cause, (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)
+        ):
+            return f"no answer within {VALIDATION_TIMEOUT:g} s"
+        if isinstance(cause, openai.APIStatusError) and cause.status_code >= 500:
+            return f"the server failed with HTTP {cause.status_code}"
+    for cause in chain:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+    return str(err)
+
+
 async def async_validate_openai(
     hass: HomeAssistant, base_url: str, api_key: str, model: str
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, str]]:
     """Check that the endpoint answers, accepts the key and knows the model.
 
-    Returns the form errors (empty when everything is fine). The API key is never
-    logged.
+    Returns the form errors (empty when everything is fine) and the placeholders
+    of their messages (``error``: the cause of a failed connection). Failures are
+    logged at debug level with their cause; the API key is never logged.
     """
     await async_prime_openai(hass)
     provider = OpenAIChatProvider(
@@ -188,12 +279,16 @@ async def async_validate_openai(
     )
     try:
         await provider.validate()
-    except ProviderAuthError:
-        return {"base": "invalid_auth"}
-    except ProviderModelNotFoundError:
-        return {"base": "model_not_found"}
-    except ProviderConnectionError:
-        return {"base": "cannot_connect"}
+    except ProviderAuthError as err:
+        _LOGGER.debug("%s rejected the API key: %s", safe_url(base_url), err)
+        return {"base": "invalid_auth"}, {}
+    except ProviderModelNotFoundError as err:
+        _LOGGER.debug("%s does not know model %s: %s", safe_url(base_url), model, err)
+        return {"base": "model_not_found"}, {}
+    except ProviderConnectionError as err:
+        cause = mask_secret(connection_cause(err), api_key)
+        _LOGGER.debug("Cannot connect to %s: %s (%s)", safe_url(base_url), cause, err)
+        return {"base": "cannot_connect"}, {"error": cause}
     except Exception as err:  # noqa: BLE001 - logged below, with the key masked
         # Not LOGGER.exception: the chained SDK error may quote the server's answer,
         # and servers echo keys back. Log the same traceback with the key masked.
@@ -204,8 +299,8 @@ async def async_validate_openai(
             safe_url(base_url),
             details,
         )
-        return {"base": "unknown"}
-    return {}
+        return {"base": "unknown"}, {}
+    return {}, {}
 
 
 @callback
@@ -260,6 +355,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
     ) -> ConfigFlowResult:
         """Connect an OpenAI-compatible chat endpoint."""
         errors: dict[str, str] = {}
+        placeholders: dict[str, str] = {}
         if user_input is not None:
             base_url = normalize_base_url(user_input[CONF_BASE_URL])
             model = user_input[CONF_MODEL].strip()
@@ -268,12 +364,14 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             if not errors:
                 await self.async_set_unique_id(openai_unique_id(base_url, model))
                 self._abort_if_unique_id_configured()
-                errors = await async_validate_openai(
+                errors, placeholders = await async_validate_openai(
                     self.hass, base_url, api_key, model
                 )
             if not errors:
                 return self.async_create_entry(
-                    title=user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                    title=distinct_title(
+                        self.hass, user_input[CONF_NAME].strip() or DEFAULT_NAME, model
+                    ),
                     data=_with_api_key(
                         {
                             CONF_BRAIN: BRAIN_OPENAI,
@@ -290,6 +388,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 STEP_OPENAI_SCHEMA, user_input
             ),
             errors=errors,
+            description_placeholders=placeholders,
         )
 
     async def async_step_ha_agent(
@@ -303,15 +402,20 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             self._abort_if_unique_id_configured()
             errors = _agent_errors(self.hass, agent_id)
             if not errors:
+                info = conversation.async_get_agent_info(self.hass, agent_id)
                 return self.async_create_entry(
-                    title=user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                    title=distinct_title(
+                        self.hass,
+                        user_input[CONF_NAME].strip() or DEFAULT_NAME,
+                        info.name if info is not None else agent_id,
+                    ),
                     data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: agent_id},
                     options=dict(DEFAULT_OPTIONS_HA_AGENT),
                 )
         return self.async_show_form(
             step_id=BRAIN_HA_AGENT,
             data_schema=self.add_suggested_values_to_schema(
-                STEP_HA_AGENT_SCHEMA, user_input
+                _ha_agent_schema(self.hass), user_input
             ),
             errors=errors,
         )
@@ -332,9 +436,10 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         """Ask for a new API key and check it."""
         entry = self._get_reauth_entry()
         errors: dict[str, str] = {}
+        placeholders: dict[str, str] = {}
         if user_input is not None:
             api_key = user_input[CONF_API_KEY].strip()
-            errors = await async_validate_openai(
+            errors, placeholders = await async_validate_openai(
                 self.hass, entry.data[CONF_BASE_URL], api_key, entry.data[CONF_MODEL]
             )
             if not errors:
@@ -349,6 +454,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 "name": entry.title,
                 "base_url": entry.data[CONF_BASE_URL],
                 "model": entry.data[CONF_MODEL],
+                **placeholders,
             },
         )
 
@@ -372,6 +478,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         """
         entry = self._get_reconfigure_entry()
         errors: dict[str, str] = {}
+        placeholders: dict[str, str] = {}
         if user_input is not None:
             base_url = normalize_base_url(user_input[CONF_BASE_URL])
             model = user_input[CONF_MODEL].strip()
@@ -382,7 +489,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             errors = _format_errors(base_url, model)
             if not errors:
                 self._abort_if_taken_by_other_entry(entry, unique_id)
-                errors = await async_validate_openai(
+                errors, placeholders = await async_validate_openai(
                     self.hass, base_url, api_key, model
                 )
             if not errors:
@@ -406,7 +513,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 STEP_RECONFIGURE_OPENAI_SCHEMA, suggested
             ),
             errors=errors,
-            description_placeholders={"name": entry.title},
+            description_placeholders={"name": entry.title, **placeholders},
         )
 
     async def async_step_reconfigure_ha_agent(
@@ -429,7 +536,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         return self.async_show_form(
             step_id="reconfigure_ha_agent",
             data_schema=self.add_suggested_values_to_schema(
-                STEP_RECONFIGURE_HA_AGENT_SCHEMA,
+                _reconfigure_ha_agent_schema(self.hass),
                 user_input or {CONF_AGENT_ID: entry.data[CONF_AGENT_ID]},
             ),
             errors=errors,
@@ -468,12 +575,18 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
 
 
 def _llm_api_choices(hass: HomeAssistant) -> list[SelectOptionDict]:
-    """Return the HA LLM APIs the model may use for tools, plus "none"."""
+    """Return the HA LLM APIs the model may use for tools, plus "none".
+
+    Realtime Voice's own control APIs are left out: they control realtime
+    conversations from the main assistant, and a realtime conversation that
+    controls realtime conversations (itself among them) cannot work.
+    """
     return [
         SelectOptionDict(value=LLM_API_NONE, label="No tools"),
         *(
             SelectOptionDict(value=api.id, label=api.name)
             for api in llm.async_get_apis(hass)
+            if not api.id.startswith(CONTROL_API_ID_PREFIX)
         ),
     ]
 
@@ -511,6 +624,12 @@ def _options_schema(apis: list[SelectOptionDict] | None) -> vol.Schema:
         schema[vol.Required(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE)] = _number(
             MIN_TEMPERATURE, MAX_TEMPERATURE, step=0.05, mode=NumberSelectorMode.SLIDER
         )
+        schema[
+            vol.Required(CONF_FIRST_TOKEN_TIMEOUT, default=DEFAULT_FIRST_TOKEN_TIMEOUT)
+        ] = _number(MIN_FIRST_TOKEN_TIMEOUT, MAX_FIRST_TOKEN_TIMEOUT, unit="s")
+        schema[vol.Required(CONF_CHUNK_TIMEOUT, default=DEFAULT_CHUNK_TIMEOUT)] = (
+            _number(MIN_CHUNK_TIMEOUT, MAX_CHUNK_TIMEOUT, unit="s")
+        )
     schema[vol.Required(CONF_IDLE_TIMEOUT, default=DEFAULT_IDLE_TIMEOUT)] = _number(
         MIN_IDLE_TIMEOUT, MAX_IDLE_TIMEOUT, unit="s"
     )
@@ -534,6 +653,8 @@ def _options_from_input(brain: str, user_input: dict[str, Any]) -> dict[str, Any
                 CONF_CONTEXT_WINDOW: int(user_input[CONF_CONTEXT_WINDOW]),
                 CONF_MAX_TOOL_TURNS: int(user_input[CONF_MAX_TOOL_TURNS]),
                 CONF_TEMPERATURE: float(user_input[CONF_TEMPERATURE]),
+                CONF_FIRST_TOKEN_TIMEOUT: int(user_input[CONF_FIRST_TOKEN_TIMEOUT]),
+                CONF_CHUNK_TIMEOUT: int(user_input[CONF_CHUNK_TIMEOUT]),
             }
         )
     return options

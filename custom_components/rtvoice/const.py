@@ -66,6 +66,20 @@ DEFAULT_TEMPERATURE: Final = 0.7
 MIN_TEMPERATURE: Final = 0.0
 MAX_TEMPERATURE: Final = 2.0
 
+# Seconds to wait for the model's first token (or tool call) of a request: covers
+# connecting and the server loading a model on first use (openai brain only).
+CONF_FIRST_TOKEN_TIMEOUT: Final = "first_token_timeout"
+DEFAULT_FIRST_TOKEN_TIMEOUT: Final = 30
+MIN_FIRST_TOKEN_TIMEOUT: Final = 2
+MAX_FIRST_TOKEN_TIMEOUT: Final = 600
+
+# Seconds allowed between two pieces of a streaming answer: a stream that stops
+# for longer fails the round at once instead of stalling (openai brain only).
+CONF_CHUNK_TIMEOUT: Final = "chunk_timeout"
+DEFAULT_CHUNK_TIMEOUT: Final = 10
+MIN_CHUNK_TIMEOUT: Final = 1
+MAX_CHUNK_TIMEOUT: Final = 120
+
 # Seconds without input after which a conversation closes (transcript hand-off).
 CONF_IDLE_TIMEOUT: Final = "idle_timeout"
 DEFAULT_IDLE_TIMEOUT: Final = 300
@@ -89,6 +103,8 @@ DEFAULT_OPTIONS_OPENAI: Final = {
     CONF_CONTEXT_WINDOW: DEFAULT_CONTEXT_WINDOW,
     CONF_MAX_TOOL_TURNS: DEFAULT_MAX_TOOL_TURNS,
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
+    CONF_FIRST_TOKEN_TIMEOUT: DEFAULT_FIRST_TOKEN_TIMEOUT,
+    CONF_CHUNK_TIMEOUT: DEFAULT_CHUNK_TIMEOUT,
     CONF_IDLE_TIMEOUT: DEFAULT_IDLE_TIMEOUT,
     CONF_CARRY_OVER: DEFAULT_CARRY_OVER,
 }

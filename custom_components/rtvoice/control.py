@@ -4,6 +4,12 @@ DESIGN §4.8 / §5.4. One ``ControlPlane`` per entry serves both the ``rtvoice.*
 actions (``services``) and the control LLM API (``control_api``); each of them only
 turns its callers' input into these calls and the errors into its own messages.
 
+Who may do what is decided here too (``async_is_privileged``, ``may_control``), so
+the actions and the LLM API apply one policy (docs/actions.md, "Who may call what"):
+administrators and callers without a user (automations, scripts, satellites) may do
+everything; any other user may start conversations and send to / stop the ones that
+belong to them, and may not list them or read transcripts.
+
 Answers of inputs sent here (``send``) are spoken on the satellite with
 ``assist_satellite.announce`` when the satellite supports announcements; otherwise
 they are only kept in the transcript.
@@ -34,13 +40,28 @@ FORMAT_TEXT: Final = "text"
 FORMAT_RAW: Final = "raw"
 TRANSCRIPT_FORMATS: Final = (FORMAT_TEXT, FORMAT_RAW)
 MAX_PAGE_LIMIT: Final = 500
-# At most this many ids are named in an "unknown conversation" message.
-MAX_IDS_IN_MESSAGE: Final = 20
+# At most this many names (satellites) are listed in a message.
+MAX_IDS_IN_MESSAGE: Final = 50
 FEATURE_ANNOUNCE: Final = "announce"
 
 
+async def async_is_privileged(hass: HomeAssistant, user_id: str | None) -> bool:
+    """Whether a caller may see and control every conversation.
+
+    True for administrators and for calls without a user (automations, scripts
+    started by the system, satellites); False for other users and unknown ids.
+    """
+    if not user_id:
+        return True
+    user = await hass.auth.async_get_user(user_id)
+    return user is not None and user.is_admin
+
+
 def id_list(ids: Iterable[str], limit: int = MAX_IDS_IN_MESSAGE) -> str:
-    """Ids for a message: comma separated, at most ``limit``, "none" when empty."""
+    """Names for a message: comma separated, at most ``limit``, "none" when empty.
+
+    Only for what every caller may see (satellites); never for conversation ids.
+    """
     ids = list(ids)
     if not ids:
         return "none"
@@ -71,9 +92,14 @@ class ControlPlane:
         self._shut_down = False
 
     async def async_start(
-        self, satellite: str | None, system_prompt: str | None = None
+        self,
+        satellite: str | None,
+        system_prompt: str | None = None,
+        owner: str | None = None,
     ) -> str:
         """Start a conversation (on a satellite, else on an ad-hoc pair); its id.
+
+        ``owner``: the user who asked for it (they may send to it and stop it).
 
         Raises ``UnknownSatelliteError`` for a satellite the entry does not know,
         ``RtVoiceError`` when the kernel refuses the conversation.
@@ -86,14 +112,17 @@ class ControlPlane:
             )
         language = (info.language if info else None) or self._hass.config.language
         try:
-            return await self._sessions.async_open(satellite, system_prompt, language)
+            return await self._sessions.async_open(
+                satellite, system_prompt, language, owner
+            )
         except KernelError as err:
             raise RtVoiceError(str(err)) from err
 
     def send(self, conversation_id: str, text: str) -> int:
         """Push ``text`` into a live conversation (interrupting it); the input seq.
 
-        Raises ``UnknownConversationError`` when no live conversation has the id.
+        Raises ``EmptyInputError`` for blank text, ``UnknownConversationError`` when
+        no live conversation has the id.
         """
         ticket = self._sessions.push(conversation_id, text)
         ticket.outcome.add_done_callback(
@@ -152,6 +181,18 @@ class ControlPlane:
             "total": page.total,
             "transcript": transcript,
         }
+
+    def may_control(
+        self, conversation_id: str, user_id: str | None, *, privileged: bool
+    ) -> bool:
+        """Whether a caller may send to / stop a live conversation.
+
+        ``privileged`` is ``async_is_privileged`` of the caller. Others only control
+        the conversations that belong to them.
+        """
+        return privileged or (
+            user_id is not None and self._sessions.owner(conversation_id) == user_id
+        )
 
     def known_ids(self) -> list[str]:
         """Ids of live and archived conversations."""

@@ -15,9 +15,11 @@ argument; the entry id is stable across restarts, so an agent's API choice survi
 them. Its name carries the entry title when there are several.
 
 Errors are results, not exceptions: ``{"error": "..."}`` with what to do instead (the
-satellites to choose from, the ids that exist), so the model can correct itself in one
-step. Listing and reading transcripts reveal what people said: when the caller is a
-known user, that user must be an administrator (the same rule as the actions).
+satellites to choose from, the list action), so the model can correct itself in one
+step; they never name other conversations. The same rules as the actions
+(``control``): listing and reading transcripts reveal what people said, so a caller
+who is a user must be an administrator; a user who is not may send to and stop only
+the conversations that belong to them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ from homeassistant.helpers import config_validation as cv, llm
 from homeassistant.util.json import JsonObjectType, JsonValueType
 
 from .const import DEFAULT_NAME
-from .control import FORMAT_TEXT, MAX_PAGE_LIMIT, TRANSCRIPT_FORMATS, id_list
+from .control import (
+    FORMAT_TEXT,
+    MAX_PAGE_LIMIT,
+    TRANSCRIPT_FORMATS,
+    async_is_privileged,
+)
 from .errors import RtVoiceError, UnknownConversationError
 from .kernel.transcript import DEFAULT_PAGE_LIMIT
 from .runtime import RtVoiceConfigEntry
@@ -85,17 +92,18 @@ def _error(message: str) -> JsonObjectType:
     return {"error": message}
 
 
-async def _async_may_read(hass: HomeAssistant, llm_context: llm.LLMContext) -> bool:
-    """Whether the caller may see conversation content (admins and the system)."""
-    if llm_context.context is None or not llm_context.context.user_id:
-        return True  # a satellite's pipeline run, an automation, the system
-    user = await hass.auth.async_get_user(llm_context.context.user_id)
-    return user is not None and user.is_admin
+def _user_id(llm_context: llm.LLMContext) -> str | None:
+    """Return the user the agent acts for (None: a satellite, automation, system)."""
+    return llm_context.context.user_id if llm_context.context is not None else None
 
 
 _NOT_ADMIN: Final = (
     "Only an administrator may read realtime conversations (list and transcripts)."
     " Tell the user to ask an administrator."
+)
+_NOT_YOURS: Final = (
+    "This user may only send to or stop conversations they started. Tell the user to"
+    " ask an administrator."
 )
 
 
@@ -126,11 +134,9 @@ class _EntryTool(llm.Tool):
         return args
 
     def _unknown(self, conversation_id: str) -> JsonObjectType:
-        control = self._entry.runtime_data.control
         return _error(
-            f"no realtime conversation {conversation_id!r}. Known ids:"
-            f" {id_list(control.known_ids())}. Use {TOOL_CHILDREN} action=list to see"
-            " the running ones."
+            f"no realtime conversation {conversation_id!r}. Use {TOOL_CHILDREN}"
+            " action=list to see the running ones."
         )
 
 
@@ -174,13 +180,19 @@ class RtChildrenTool(_EntryTool):
         if isinstance(args, str):
             return _error(args)
         action = args["action"]
+        user_id = _user_id(llm_context)
+        privileged = await async_is_privileged(hass, user_id)
         if action == ACTION_CREATE:
-            return await self._async_create(args)
-        if action == ACTION_SEND:
-            return self._send(args)
-        if action == ACTION_STOP:
+            return await self._async_create(args, user_id)
+        if action in (ACTION_SEND, ACTION_STOP):
+            if not self._entry.runtime_data.control.may_control(
+                args.get("id", ""), user_id, privileged=privileged
+            ):
+                return _error(_NOT_YOURS)
+            if action == ACTION_SEND:
+                return self._send(args)
             return await self._async_stop(args)
-        if not await _async_may_read(hass, llm_context):
+        if not privileged:
             return _error(_NOT_ADMIN)
         return self._list()
 
@@ -202,7 +214,9 @@ class RtChildrenTool(_EntryTool):
             ),
         }
 
-    async def _async_create(self, args: dict[str, Any]) -> JsonObjectType:
+    async def _async_create(
+        self, args: dict[str, Any], owner: str | None
+    ) -> JsonObjectType:
         runtime = self._entry.runtime_data
         satellites = _satellite_lines(self._entry)
         requested: str = args.get("satellite", "").strip()
@@ -216,7 +230,7 @@ class RtChildrenTool(_EntryTool):
             return _error(f"unknown satellite {requested!r}. {satellites}")
         try:
             conversation_id = await runtime.control.async_start(
-                satellite, args.get("system_prompt") or None
+                satellite, args.get("system_prompt") or None, owner=owner
             )
         except RtVoiceError as err:
             return _error(f"could not create the conversation: {err}. {satellites}")
@@ -242,8 +256,8 @@ class RtChildrenTool(_EntryTool):
     def _send(self, args: dict[str, Any]) -> JsonObjectType:
         conversation_id: str = args.get("id", "")
         text: str = args.get("text", "")
-        if not conversation_id or not text:
-            return _error("send needs id and text.")
+        if not conversation_id or not text.strip():
+            return _error("send needs id and a non-blank text.")
         try:
             seq = self._entry.runtime_data.control.send(conversation_id, text)
         except UnknownConversationError:
@@ -319,7 +333,7 @@ class RtTranscriptTool(_EntryTool):
         args = self._ready(tool_input)
         if isinstance(args, str):
             return _error(args)
-        if not await _async_may_read(hass, llm_context):
+        if not await async_is_privileged(hass, _user_id(llm_context)):
             return _error(_NOT_ADMIN)
         conversation_id: str = args["id"]
         offset: int = args["offset"]

@@ -7,13 +7,21 @@ calls flow one way (entity / actions → sessions / control → kernel → outpu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant
 
-from .brain import async_create_brain
-from .const import PARENT_ID
+from .brain import Brain, async_create_brain
+from .const import (
+    BRAIN_OPENAI,
+    CONF_LLM_HASS_API,
+    DEFAULT_LLM_HASS_API,
+    LLM_API_NONE,
+    PARENT_ID,
+)
 from .control import ControlPlane
 from .kernel import ChannelRegistry, Kernel, PromptRegistry, ToolRunner
 from .satellites import SatelliteDirectory
@@ -24,6 +32,7 @@ from .sessions import SessionManager
 class RtVoiceRuntime:
     """Stored in ``entry.runtime_data``."""
 
+    brain: Brain
     kernel: Kernel
     channels: ChannelRegistry
     prompts: PromptRegistry
@@ -31,6 +40,23 @@ class RtVoiceRuntime:
     satellites: SatelliteDirectory
     sessions: SessionManager
     control: ControlPlane
+
+    def apply_options(self, options: Mapping[str, Any]) -> bool:
+        """Apply changed options without a reload; False when a reload is needed.
+
+        Everything applies in place (running conversations and the transcript
+        archive stay) except switching tools on or off: whether the model is
+        offered tools at all (and ``ask_parent``) is wired into the kernel and the
+        conversation entity when the entry loads.
+        """
+        if self.brain.kind == BRAIN_OPENAI:
+            api_id = options.get(CONF_LLM_HASS_API, DEFAULT_LLM_HASS_API)
+            wants_tools = bool(api_id) and api_id != LLM_API_NONE
+            if wants_tools != (self.tools is not None):
+                return False
+        self.brain.configure(options)
+        self.sessions.configure(options)
+        return True
 
     async def async_shutdown(self) -> None:
         """Close every conversation (hand-off included) and stop listening.
@@ -73,6 +99,7 @@ async def async_build_runtime(
     sessions.start(kernel)
     await satellites.async_start()
     return RtVoiceRuntime(
+        brain=brain,
         kernel=kernel,
         channels=channels,
         prompts=prompts,

@@ -5,20 +5,22 @@ DESIGN §5.4. The actions serve every config entry, so they are registered once 
 ``config_entry_id`` (start), the one that knows the conversation id (send, stop,
 transcript), or all of them (list).
 
-Who may call what:
+Who may call what (docs/actions.md; the policy itself is in ``control``):
 
 - ``list_conversations`` and ``get_transcript`` return what people said to their
-  satellites: admin only (like HA's own actions that reveal private data).
-- ``start_conversation``, ``send`` and ``stop_conversation`` are open to every user,
-  like ``assist_satellite.announce`` / ``start_conversation``: they make a satellite
-  speak or end a call, and their responses carry only ids and counters (conversation
-  id, input sequence number, message count), never what was said.
+  satellites: administrators only (like HA's own actions that reveal private data).
+- ``start_conversation`` is open to every user, like
+  ``assist_satellite.start_conversation``; the conversation belongs to the caller.
+- ``send`` and ``stop_conversation``: administrators, and any user for the
+  conversations that belong to them (started by them, or their own Assist dialog).
+- Calls without a user (automations, scripts run by the system) may do everything.
+- A refused call raises ``NotAllowedError`` (HA's ``Unauthorized``); no error names
+  a conversation other than the one asked for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
-import inspect
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import voluptuous as vol
@@ -34,15 +36,20 @@ from homeassistant.core import (
 from homeassistant.exceptions import (
     HomeAssistantError,
     ServiceValidationError,
-    Unauthorized,
     UnknownUser,
 )
-from homeassistant.helpers import config_validation as cv, service as service_helper
+from homeassistant.helpers import config_validation as cv
 from homeassistant.util.json import JsonValueType
 
 from .const import DOMAIN
-from .control import FORMAT_TEXT, MAX_PAGE_LIMIT, TRANSCRIPT_FORMATS, id_list
-from .errors import UnknownConversationError, UnknownSatelliteError
+from .control import (
+    FORMAT_TEXT,
+    MAX_PAGE_LIMIT,
+    TRANSCRIPT_FORMATS,
+    async_is_privileged,
+    id_list,
+)
+from .errors import NotAllowedError, UnknownConversationError, UnknownSatelliteError
 from .kernel.transcript import DEFAULT_PAGE_LIMIT
 from .runtime import RtVoiceConfigEntry
 
@@ -73,7 +80,8 @@ START_CONVERSATION_SCHEMA: Final = vol.Schema(
 SEND_SCHEMA: Final = vol.Schema(
     {
         vol.Required(ATTR_CONVERSATION_ID): _CONVERSATION_ID,
-        vol.Required(ATTR_TEXT): vol.All(cv.string, vol.Length(min=1)),
+        # Blank text gets its own translated error from the handler.
+        vol.Required(ATTR_TEXT): cv.string,
     }
 )
 STOP_CONVERSATION_SCHEMA: Final = vol.Schema(
@@ -136,31 +144,42 @@ def _entry_for_start(hass: HomeAssistant, entry_id: str | None) -> RtVoiceConfig
     return entries[0]
 
 
-def _unknown_conversation(
-    conversation_id: str, entries: Iterable[RtVoiceConfigEntry]
-) -> ServiceValidationError:
-    known = sorted(
-        {i for entry in entries for i in entry.runtime_data.control.known_ids()}
-    )
-    return ServiceValidationError(
-        translation_domain=DOMAIN,
-        translation_key="unknown_conversation",
-        translation_placeholders={
-            "conversation_id": conversation_id,
-            "known": id_list(known),
-        },
-    )
-
-
 def _entry_for_conversation(
     hass: HomeAssistant, conversation_id: str
 ) -> RtVoiceConfigEntry:
     """Return the loaded entry that knows the conversation (live or archived)."""
-    entries = _loaded_entries(hass)
-    for entry in entries:
+    for entry in _loaded_entries(hass):
         if entry.runtime_data.control.knows(conversation_id):
             return entry
-    raise _unknown_conversation(conversation_id, entries)
+    raise ServiceValidationError(
+        translation_domain=DOMAIN,
+        translation_key="unknown_conversation",
+        translation_placeholders={"conversation_id": conversation_id},
+    )
+
+
+async def _async_entry_to_control(
+    call: ServiceCall, conversation_id: str
+) -> RtVoiceConfigEntry:
+    """Return the entry of a conversation the caller may send to or stop.
+
+    A caller who is not privileged learns nothing about conversations that are not
+    theirs: unknown and foreign ids get the same refusal.
+    """
+    user_id = call.context.user_id
+    privileged = await async_is_privileged(call.hass, user_id)
+    if privileged:
+        return _entry_for_conversation(call.hass, conversation_id)
+    for entry in _loaded_entries(call.hass):
+        if entry.runtime_data.control.may_control(
+            conversation_id, user_id, privileged=False
+        ):
+            return entry
+    raise NotAllowedError(
+        call.context,
+        "not_your_conversation",
+        {"conversation_id": conversation_id},
+    )
 
 
 def _closed_error(conversation_id: str) -> ServiceValidationError:
@@ -180,7 +199,9 @@ async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
     satellite: str | None = call.data.get(ATTR_SATELLITE)
     try:
         conversation_id = await runtime.control.async_start(
-            satellite, call.data.get(ATTR_SYSTEM_PROMPT) or None
+            satellite,
+            call.data.get(ATTR_SYSTEM_PROMPT) or None,
+            owner=call.context.user_id,
         )
     except UnknownSatelliteError as err:
         raise ServiceValidationError(
@@ -202,9 +223,14 @@ async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
 
 async def _async_send(call: ServiceCall) -> ServiceResponse:
     conversation_id: str = call.data[ATTR_CONVERSATION_ID]
-    entry = _entry_for_conversation(call.hass, conversation_id)
+    text: str = call.data[ATTR_TEXT]
+    if not text.strip():
+        raise ServiceValidationError(
+            translation_domain=DOMAIN, translation_key="empty_text"
+        )
+    entry = await _async_entry_to_control(call, conversation_id)
     try:
-        seq = entry.runtime_data.control.send(conversation_id, call.data[ATTR_TEXT])
+        seq = entry.runtime_data.control.send(conversation_id, text)
     except UnknownConversationError as err:  # known, but not live: ended or closing
         raise _closed_error(conversation_id) from err
     return {"seq": seq}
@@ -212,7 +238,7 @@ async def _async_send(call: ServiceCall) -> ServiceResponse:
 
 async def _async_stop_conversation(call: ServiceCall) -> ServiceResponse:
     conversation_id: str = call.data[ATTR_CONVERSATION_ID]
-    entry = _entry_for_conversation(call.hass, conversation_id)
+    entry = await _async_entry_to_control(call, conversation_id)
     try:
         messages = await entry.runtime_data.control.async_stop(conversation_id)
     except UnknownConversationError as err:  # known, but not live: ended or closing
@@ -244,22 +270,22 @@ async def _async_get_transcript(call: ServiceCall) -> ServiceResponse:
 
 # ── registration ──────────────────────────────────────────────────────────────
 
-# Newer HA versions pass responses through admin services; 2025.4 drops them.
-_ADMIN_SERVICE_HAS_RESPONSE: Final = (
-    "supports_response"
-    in inspect.signature(service_helper.async_register_admin_service).parameters
-)
-
 
 async def _async_check_admin(hass: HomeAssistant, call: ServiceCall) -> None:
-    """Check what ``async_register_admin_service`` checks (for HA 2025.4)."""
+    """Let administrators and calls without a user through (as HA's admin actions).
+
+    Not ``async_register_admin_service``: on HA 2025.4 it drops responses, and its
+    plain ``Unauthorized`` is logged with a traceback by the websocket API.
+    """
     if not call.context.user_id:
         return  # automations, scripts, the system
     user = await hass.auth.async_get_user(call.context.user_id)
     if user is None:
         raise UnknownUser(context=call.context)
     if not user.is_admin:
-        raise Unauthorized(context=call.context)
+        raise NotAllowedError(
+            call.context, "admin_only", {"action": f"{DOMAIN}.{call.service}"}
+        )
 
 
 @callback
@@ -271,15 +297,6 @@ def _async_register_admin(
     supports_response: SupportsResponse,
 ) -> None:
     """Register an admin-only action that returns a response."""
-    if _ADMIN_SERVICE_HAS_RESPONSE:  # pragma: no cover - HA versions after 2025.4
-        # Typed loosely: its signature differs between the HA versions we support.
-        register_admin: Callable[..., None] = (
-            service_helper.async_register_admin_service
-        )
-        register_admin(
-            hass, DOMAIN, service, handler, schema, supports_response=supports_response
-        )
-        return
 
     async def admin_handler(call: ServiceCall) -> ServiceResponse:
         await _async_check_admin(hass, call)
@@ -293,9 +310,8 @@ def _async_register_admin(
 @callback
 def async_setup_services(hass: HomeAssistant) -> None:
     """Register the ``rtvoice.*`` actions (once, for every entry)."""
-    # Start, send and stop control a satellite and answer with ids and counters
-    # only: any user, like assist_satellite.announce. List and transcript reveal
-    # what was said: admins only (see the module docstring).
+    # Start: any user. Send and stop: checked per conversation in the handlers.
+    # List and transcript reveal what was said: admins only (module docstring).
     hass.services.async_register(
         DOMAIN,
         SERVICE_START_CONVERSATION,

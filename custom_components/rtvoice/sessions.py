@@ -38,7 +38,7 @@ The brain's availability is logged once per change (``availability``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 import contextlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -62,7 +62,13 @@ from homeassistant.util.ulid import ulid_now
 from . import compat
 from .availability import BrainAvailability
 from .brain import Brain
-from .chat_feed import APOLOGY, ChatLogFeed, conversation_result
+from .chat_feed import (
+    APOLOGY,
+    ChatLogFeed,
+    conversation_result,
+    interrupted_speech,
+    not_understood_result,
+)
 from .const import (
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
@@ -79,7 +85,7 @@ from .const import (
     SIGNAL_SESSION_UPDATE,
     STATE_CLOSED,
 )
-from .errors import UnknownConversationError
+from .errors import EmptyInputError, UnknownConversationError
 from .kernel import (
     Capability,
     ChannelDef,
@@ -140,8 +146,11 @@ class _Session:
     output_channel: str
     adhoc: bool  # the channel pair was registered for this session
     prompt_scope: str  # the satellite, else the session's own id
+    owner: str | None  # the HA user it belongs to (None: a satellite's, the system's)
     ids: set[str] = field(default_factory=set)  # own id + aliases HA used
     adopt_new_id: bool = False  # the next unknown id on this key continues it
+    dialog_user: str | None = None  # started by an id-less turn of this user
+    in_flight: int = 0  # async_converse calls routed here and not yet answered
     last_input: _Input | None = None
     turn: _Turn | None = None
     turns_running: int = 0
@@ -207,21 +216,18 @@ class SessionManager:
         self._brain = brain
         self._channels = channels
         self._satellites = satellites
-        options = entry.options
-        self._prompt_template: str = options.get(CONF_PROMPT) or ""
-        self._context_window = int(
-            options.get(CONF_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
-        )
-        self._max_tool_turns = int(
-            options.get(CONF_MAX_TOOL_TURNS, DEFAULT_MAX_TOOL_TURNS)
-        )
-        self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
-        self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
+        self._prompt_template = ""
+        self._context_window = DEFAULT_CONTEXT_WINDOW
+        self._max_tool_turns = DEFAULT_MAX_TOOL_TURNS
+        self._idle_timeout = float(DEFAULT_IDLE_TIMEOUT)
+        self._carry_over = DEFAULT_CARRY_OVER
+        self.configure(entry.options)
         self._signal = SIGNAL_SESSION_UPDATE.format(entry.entry_id)
         self._sessions: dict[str, _Session] = {}  # by session id
         self._by_alias: dict[str, _Session] = {}  # every id a session answers to
         self._by_key: dict[str, _Session] = {}  # satellite / device key
         self._satellite_of: dict[str, str | None] = {}  # also for closed ids
+        self._owner_of: dict[str, str | None] = {}  # also for closed ids
         self._satellite_pairs: set[str] = set()  # satellites whose pair we hold
         self._locks = _KeyLocks()
         self._close_tasks: set[asyncio.Task[Any]] = set()
@@ -230,6 +236,23 @@ class SessionManager:
         self._availability = BrainAvailability(entry, brain.kind)
 
     # ── wiring ────────────────────────────────────────────────────────────
+
+    def configure(self, options: Mapping[str, Any]) -> None:
+        """Use the entry's options from now on (changed options need no reload).
+
+        Prompt, context window and tool turns apply to conversations started
+        after this; carry-over and the idle timeout also to running ones (a
+        running idle timer keeps its deadline until the next turn re-arms it).
+        """
+        self._prompt_template = options.get(CONF_PROMPT) or ""
+        self._context_window = int(
+            options.get(CONF_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
+        )
+        self._max_tool_turns = int(
+            options.get(CONF_MAX_TOOL_TURNS, DEFAULT_MAX_TOOL_TURNS)
+        )
+        self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
+        self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
 
     def start(self, kernel: Kernel) -> None:
         """Use ``kernel`` (built by the runtime) and follow the satellites.
@@ -267,6 +290,14 @@ class SessionManager:
         self, user_input: ConversationInput, chat_log: ChatLog, agent_id: str
     ) -> ConversationResult:
         """Answer one turn of a conversation (the conversation entity calls this)."""
+        if not user_input.text.strip():
+            # Nothing to answer (an empty Assist message, a blank text input): answer
+            # as HA's own agent does and start nothing.
+            _LOGGER.debug("Blank input: not understood, no conversation started")
+            return not_understood_result(
+                language=user_input.language,
+                conversation_id=self.resolve(chat_log.conversation_id),
+            )
         try:
             session = await self._async_route(user_input, chat_log)
         except asyncio.CancelledError:
@@ -274,6 +305,19 @@ class SessionManager:
             _satellite, key = self._route_key(user_input)
             self._barged_in(self._by_key.get(key) if key is not None else None)
             raise
+        try:
+            return await self._async_answer(session, user_input, chat_log, agent_id)
+        finally:
+            session.in_flight -= 1
+
+    async def _async_answer(
+        self,
+        session: _Session,
+        user_input: ConversationInput,
+        chat_log: ChatLog,
+        agent_id: str,
+    ) -> ConversationResult:
+        """Push a routed turn's words and answer it (``async_converse``)."""
         self._brain.set_turn(
             session.id,
             TurnContext(
@@ -291,6 +335,11 @@ class SessionManager:
             self._barged_in(session)
             raise
         ticket = self._push(session, user_input.text)
+        # Read when the round ends, before a next round can commit anything.
+        round_tools: list[str] = []
+        ticket.outcome.add_done_callback(
+            partial(self._collect_round_tools, session, round_tools)
+        )
         turn = _Turn(
             ticket.seq,
             ChatLogFeed(
@@ -312,12 +361,16 @@ class SessionManager:
             await self._async_end_turn(session, turn, cancel=True)
             raise
         await self._async_end_turn(session, turn, cancel=False)
+        speech = self._spoken(session, ticket, outcome)
         if outcome.status == "completed":
             session.adopt_new_id = False
         elif outcome.status == "failed":
             _LOGGER.debug("Conversation %s: the round failed", session.id)
             # History holds what the user was told: the apology, not the partial.
             self._kernel.record_reply(session.id, ticket.seq, APOLOGY)
+        elif not speech.strip():
+            # Cut (or voided) before it said anything: say what its tools did.
+            speech = interrupted_speech(round_tools)
         elif outcome.status == "interrupted" and (
             (newest := session.last_input) is not None and newest.ticket is ticket
         ):
@@ -330,7 +383,7 @@ class SessionManager:
             outcome,
             language=user_input.language,
             conversation_id=session.id,
-            speech=self._spoken(session, ticket, outcome),
+            speech=speech,
             agent_reply=self._brain.agent_reply(session.id),
             chat_log=chat_log,
             agent_id=agent_id,
@@ -343,6 +396,25 @@ class SessionManager:
         if newest is not None and newest.ticket is ticket:
             return newest.spoken()
         return outcome.text
+
+    def _collect_round_tools(
+        self, session: _Session, into: list[str], future: asyncio.Future[Outcome]
+    ) -> None:
+        """Collect the results of the tools an interrupted round finished.
+
+        A done callback of the round's outcome: it runs before the kernel can
+        start the next round, so the round's user input and finished tool groups
+        are the tail of the history. A superseded round ran nothing.
+        """
+        if future.cancelled() or future.result().status != "interrupted":
+            return
+        results: list[str] = []
+        for message in reversed(self._kernel.transcript(session.id) or ()):
+            if message.role == "user":
+                break
+            if message.role == "tool":
+                results.append(message.content)
+        into.extend(reversed(results))
 
     def _barged_in(self, session: _Session | None) -> None:
         """HA cancelled a turn of the session: its next unknown id continues it."""
@@ -372,27 +444,52 @@ class SessionManager:
         self, user_input: ConversationInput, chat_log: ChatLog
     ) -> _Session:
         """Find or start the session of a turn (a new id on a satellite closes the old)."""
+        session = await self._async_find_or_spawn(user_input, chat_log)
+        session.in_flight += 1  # no await since the lookup: it cannot have closed
+        return session
+
+    async def _async_find_or_spawn(
+        self, user_input: ConversationInput, chat_log: ChatLog
+    ) -> _Session:
         satellite, key = self._route_key(user_input)
         wanted = {
             i for i in (user_input.conversation_id, chat_log.conversation_id) if i
         }
-        async with self._locks.hold(key or f"id:{chat_log.conversation_id}"):
+        user_id = user_input.context.user_id
+        # The browser's Assist dialog learns its conversation id only when a turn
+        # ends: a message sent while its first turn still runs comes without one
+        # (the pipeline then makes up a fresh id). Keyless turns of one user are
+        # routed one at a time.
+        lock_key = key or (
+            f"dialog:{user_id}" if user_id else f"id:{chat_log.conversation_id}"
+        )
+        dialog_user: str | None = None
+        async with self._locks.hold(lock_key):
             if key is None:
                 for conversation_id in wanted:
                     if (session := self._by_alias.get(conversation_id)) is not None:
+                        return session
+                if user_id and not any(self._kernel.transcript(i) for i in wanted):
+                    # No id we know (live or ended): a dialog without its id yet.
+                    dialog_user = user_id
+                    if (session := self._open_dialog(user_id)) is not None:
+                        session.adopt_new_id = False
+                        _LOGGER.debug(
+                            "Conversation %s: a message sent during its first answer",
+                            session.id,
+                        )
+                        self._add_aliases(session, wanted)
                         return session
             elif (session := self._by_key.get(key)) is not None:
                 if wanted & session.ids:
                     return session
                 if session.adopt_new_id:
                     session.adopt_new_id = False
-                    for alias in wanted:
-                        session.ids.add(alias)
-                        self._by_alias[alias] = session
+                    self._add_aliases(session, wanted)
                     return session
                 _LOGGER.debug("New conversation on %s: closing %s", key, session.id)
                 await self._async_close(session)
-            return await self._async_spawn(
+            session = await self._async_spawn(
                 self._new_id(chat_log.conversation_id),
                 satellite=satellite,
                 device_id=user_input.device_id,
@@ -400,23 +497,64 @@ class SessionManager:
                 system_prompt=self._render_prompt(),
                 extra_prompt=user_input.extra_system_prompt,
                 adopt_new_id=False,
+                owner=user_id,
             )
+            session.dialog_user = dialog_user
+            return session
+
+    def _open_dialog(self, user_id: str) -> _Session | None:
+        """Return the user's id-less Assist dialog that a new message continues.
+
+        Same user, same agent (this entry), no satellite or device, started by a
+        turn without conversation id, and a turn of it is still being answered or
+        was just cancelled by Home Assistant: the dialog cannot know its id yet.
+        (The frontend of HA 2025.4 cancels the running turn when the next message
+        is sent, so the cancelled turn may end before the new one arrives.) Once a
+        turn of it has been answered, the dialog has its id, so an id-less turn
+        then is a new dialog.
+        """
+        for session in self._sessions.values():
+            if (
+                session.dialog_user == user_id
+                and (session.in_flight > 0 or session.adopt_new_id)
+                and not session.closing
+            ):
+                return session
+        return None
+
+    def _add_aliases(self, session: _Session, ids: set[str]) -> None:
+        for alias in ids:
+            session.ids.add(alias)
+            self._by_alias[alias] = session
 
     def _new_id(self, proposed: str | None) -> str:
-        """HA's conversation id when it is fresh for us, else a new ULID."""
-        if (
-            proposed
-            and proposed != self._kernel.parent_id
-            and proposed not in self._by_alias
-            and self._kernel.transcript(proposed) is None
-        ):
+        """HA's conversation id when it is free, else a new ULID.
+
+        An id that names a closed conversation's transcript is not free: reusing
+        it would mix two conversations under one id and the next close would
+        replace the first transcript (docs/how-it-works.md). HA itself replaces
+        an expired conversation id too; the answer carries the new one.
+        """
+        if not proposed or proposed == self._kernel.parent_id:
+            return ulid_now()
+        if proposed not in self._by_alias and self._kernel.transcript(proposed) is None:
             return proposed
-        return ulid_now()
+        new_id = ulid_now()
+        _LOGGER.debug(
+            "Conversation %s has ended (its transcript keeps the id): continuing as %s",
+            proposed,
+            new_id,
+        )
+        return new_id
 
     # ── what the control plane uses ───────────────────────────────────────
 
     async def async_open(
-        self, satellite: str | None, system_prompt: str | None, language: str
+        self,
+        satellite: str | None,
+        system_prompt: str | None,
+        language: str,
+        owner: str | None = None,
     ) -> str:
         """Start a conversation on a known satellite (or ad hoc); its id.
 
@@ -437,6 +575,7 @@ class SessionManager:
                 else self._render_prompt(),
                 extra_prompt=None,
                 adopt_new_id=True,
+                owner=owner,
             )
         self._brain.set_turn(
             session.id,
@@ -453,7 +592,13 @@ class SessionManager:
         return session.id
 
     def push(self, conversation_id: str, text: str) -> Ticket:
-        """Push ``text`` into a live conversation (interrupting it)."""
+        """Push ``text`` into a live conversation (interrupting it).
+
+        Raises ``EmptyInputError`` for blank text (before looking at the id),
+        ``UnknownConversationError`` when no live conversation has the id.
+        """
+        if not text.strip():
+            raise EmptyInputError("the text is empty")
         return self._push(self._live(conversation_id), text)
 
     def spoken(self, conversation_id: str, ticket: Ticket, outcome: Outcome) -> str:
@@ -471,6 +616,12 @@ class SessionManager:
             Conversation(s.id, s.satellite, s.device_id, self._stats(s))
             for s in sorted(self._sessions.values(), key=lambda s: s.id)
         ]
+
+    def owner(self, conversation_id: str) -> str | None:
+        """Return the user a conversation belongs to, live or archived (None: none)."""
+        if (session := self._by_alias.get(conversation_id)) is not None:
+            return session.owner
+        return self._owner_of.get(conversation_id)
 
     def satellite(self, conversation_id: str) -> str | None:
         """Return the satellite of a live conversation (None: none, or not live)."""
@@ -545,6 +696,7 @@ class SessionManager:
         system_prompt: str,
         extra_prompt: str | None,
         adopt_new_id: bool,
+        owner: str | None,
     ) -> _Session:
         if satellite is not None and satellite in self._satellite_pairs:
             input_channel, output_channel = channel_names(satellite)
@@ -562,6 +714,7 @@ class SessionManager:
             output_channel=output_channel,
             adhoc=adhoc,
             prompt_scope=satellite or session_id,
+            owner=owner,
             ids={session_id},
             adopt_new_id=adopt_new_id,
         )
@@ -599,6 +752,7 @@ class SessionManager:
         if key is not None:
             self._by_key[key] = session
         self._satellite_of[session_id] = satellite
+        self._owner_of[session_id] = owner
         self._arm_idle(session)
         _LOGGER.debug(
             "Conversation %s started (satellite=%s, channels=%s)",
@@ -651,6 +805,7 @@ class SessionManager:
         known = {*self._kernel.archived(), *self._sessions}
         for closed_id in [i for i in self._satellite_of if i not in known]:
             del self._satellite_of[closed_id]
+            self._owner_of.pop(closed_id, None)
         _LOGGER.debug("Conversation %s closed (%d messages)", session.id, messages)
         async_dispatcher_send(
             self._hass,
@@ -663,10 +818,8 @@ class SessionManager:
     def _live(self, conversation_id: str) -> _Session:
         session = self._by_alias.get(conversation_id)
         if session is None or session.closing:
-            known = ", ".join(sorted(self._sessions)) or "none"
-            raise UnknownConversationError(
-                f"no live conversation {conversation_id!r} (live: {known})"
-            )
+            # Never name other conversations: their ids are not every caller's.
+            raise UnknownConversationError(f"no live conversation {conversation_id!r}")
         return session
 
     # ── input ─────────────────────────────────────────────────────────────

@@ -28,6 +28,7 @@ from custom_components.rtvoice.agent_brain import (
 from custom_components.rtvoice.brain import (
     ISSUE_MODEL_NOT_FOUND,
     Brain,
+    EndpointProvider,
     async_create_brain,
 )
 from custom_components.rtvoice.const import (
@@ -149,7 +150,8 @@ async def test_openai_brain_runs_a_round_with_assist_tools(
     brain = await async_create_brain(hass, entry, prompts)
 
     assert brain.kind == BRAIN_OPENAI
-    assert isinstance(brain.provider, OpenAIChatProvider)
+    assert isinstance(brain.provider, EndpointProvider)
+    assert isinstance(brain.provider.endpoint, OpenAIChatProvider)
     assert isinstance(brain.tools, HaToolRunner)
     assert brain.tools.api_id == "assist"
     rig = await make_rig(brain, prompts)
@@ -211,9 +213,10 @@ async def test_openai_auth_failure(
     assert caught.value.translation_domain == DOMAIN
     assert caught.value.translation_key == "auth_failed"
     assert caught.value.translation_placeholders is not None
-    error = caught.value.translation_placeholders["error"]
-    assert "401" in error
-    assert "sk-wrong-key-5555" not in error
+    assert caught.value.translation_placeholders == {
+        "base_url": openai_peer.base_url,
+        "status": "HTTP 401",
+    }
 
 
 async def test_openai_model_not_found_raises_a_repair_issue(

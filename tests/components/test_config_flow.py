@@ -7,11 +7,14 @@ real provider talks to over HA's shared httpx client. Entry setup is patched out
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+import contextlib
 import json
 import logging
 from pathlib import Path
 import re
+import socket
 from typing import Any
 from unittest.mock import AsyncMock
 
@@ -20,7 +23,12 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 import voluptuous as vol
 from yarl import URL
 
-from custom_components.rtvoice.config_flow import ha_agent_unique_id, openai_unique_id
+from custom_components.rtvoice import config_flow as config_flow_module
+from custom_components.rtvoice.config_flow import (
+    distinct_title,
+    ha_agent_unique_id,
+    openai_unique_id,
+)
 from custom_components.rtvoice.const import (
     BRAIN_HA_AGENT,
     BRAIN_OPENAI,
@@ -29,7 +37,9 @@ from custom_components.rtvoice.const import (
     CONF_BASE_URL,
     CONF_BRAIN,
     CONF_CARRY_OVER,
+    CONF_CHUNK_TIMEOUT,
     CONF_CONTEXT_WINDOW,
+    CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
     CONF_MAX_TOOL_TURNS,
@@ -51,6 +61,7 @@ from homeassistant import config_entries
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType, InvalidData
 from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers.selector import NumberSelector
 from tests.components.common import PEER_API_KEY, PEER_MODEL
 from tests.peers.openai_server import Fail, OpenAIPeer
 
@@ -887,6 +898,8 @@ async def test_options_openai(hass: HomeAssistant) -> None:
         CONF_CONTEXT_WINDOW,
         CONF_MAX_TOOL_TURNS,
         CONF_TEMPERATURE,
+        CONF_FIRST_TOKEN_TIMEOUT,
+        CONF_CHUNK_TIMEOUT,
         CONF_IDLE_TIMEOUT,
         CONF_CARRY_OVER,
     }
@@ -909,6 +922,8 @@ async def test_options_openai(hass: HomeAssistant) -> None:
             CONF_CONTEXT_WINDOW: 16000.0,
             CONF_MAX_TOOL_TURNS: 5.0,
             CONF_TEMPERATURE: 0.2,
+            CONF_FIRST_TOKEN_TIMEOUT: 120.0,
+            CONF_CHUNK_TIMEOUT: 5.0,
             CONF_IDLE_TIMEOUT: 60.0,
             CONF_CARRY_OVER: False,
         },
@@ -920,6 +935,8 @@ async def test_options_openai(hass: HomeAssistant) -> None:
         CONF_CONTEXT_WINDOW: 16000,
         CONF_MAX_TOOL_TURNS: 5,
         CONF_TEMPERATURE: 0.2,
+        CONF_FIRST_TOKEN_TIMEOUT: 120,
+        CONF_CHUNK_TIMEOUT: 5,
         CONF_IDLE_TIMEOUT: 60,
         CONF_CARRY_OVER: False,
     }
@@ -1042,3 +1059,133 @@ async def test_options_ha_agent_hides_model_options(hass: HomeAssistant) -> None
         CONF_IDLE_TIMEOUT: 45,
         CONF_CARRY_OVER: False,
     }
+
+
+# -- what the lists offer, titles (issue 12, item 13) ------------------------------------
+
+
+async def test_second_entry_gets_a_distinct_title(
+    hass: HomeAssistant, openai_peer: OpenAIPeer, mock_setup_entry: AsyncMock
+) -> None:
+    """Default names collide: the second entry is named after its model or agent."""
+    agent_entry(DEFAULT_AGENT_ID, title=DEFAULT_NAME).add_to_hass(hass)
+    result = await start_brain(hass, BRAIN_OPENAI)
+    result = await hass.config_entries.flow.async_configure(
+        result["flow_id"],
+        {
+            CONF_NAME: DEFAULT_NAME,
+            CONF_BASE_URL: openai_peer.base_url,
+            CONF_API_KEY: PEER_API_KEY,
+            CONF_MODEL: PEER_MODEL,
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["title"] == f"{DEFAULT_NAME} ({PEER_MODEL})"
+    assert distinct_title(hass, DEFAULT_NAME, PEER_MODEL) == (
+        f"{DEFAULT_NAME} ({PEER_MODEL}) 2"
+    )
+    assert distinct_title(hass, "Kitchen", PEER_MODEL) == "Kitchen"
+
+
+# -- numeric options say their range (issue 12, item 14) ---------------------------------
+
+
+async def test_numeric_options_describe_their_range(hass: HomeAssistant) -> None:
+    """Every number field's helper text states its range and default, as the form has."""
+    entry = openai_entry(DEFAULT_BASE_URL)
+    entry.add_to_hass(hass)
+    result = await hass.config_entries.options.async_init(entry.entry_id)
+    descriptions = TRANSLATIONS["options"]["step"]["init"]["data_description"]
+    numbers = {
+        str(key): (selector.config, key.default())
+        for key, selector in result["data_schema"].schema.items()
+        if isinstance(selector, NumberSelector)
+    }
+    assert len(numbers) == 6
+    for field, (config, default) in numbers.items():
+        expected = f"({config['min']:g} to {config['max']:g}, default {default:g})"
+        assert expected in descriptions[field], field
+
+
+# -- why a connection check failed (issue 12, items 3) -----------------------------------
+
+
+@contextlib.asynccontextmanager
+async def raw_server(reply: bytes | None) -> AsyncIterator[str]:
+    """Run a loopback TCP server answering every request with ``reply`` (None: never).
+
+    Stands for a broken model server (HTTP 503) or a hung one; yields its base URL.
+    """
+    held: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if reply is None:
+            held.append(writer)  # keep the connection open, say nothing
+            return
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def free_port() -> int:
+    """Return a loopback port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.usefixtures("socket_enabled")
+@pytest.mark.parametrize(
+    ("server", "cause"),
+    [
+        ("dns", "the host name cannot be resolved"),
+        ("refused", "the connection was refused: nothing listens on that port"),
+        ("hung", "no answer within 0.05 s"),
+        ("http_503", "the server failed with HTTP 503"),
+    ],
+)
+async def test_connection_errors_say_why(
+    hass: HomeAssistant,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    server: str,
+    cause: str,
+) -> None:
+    """DNS, refused port, timeout and HTTP 5xx: the form and the debug log say which."""
+    monkeypatch.setattr(config_flow_module, "VALIDATION_TIMEOUT", 0.05)
+    caplog.set_level(logging.DEBUG, logger="custom_components.rtvoice")
+    reply = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+    async with raw_server(None if server == "hung" else reply) as served:
+        base_url = {
+            "dns": "http://rtvoice-test.invalid:8000/v1",
+            "refused": f"http://127.0.0.1:{free_port()}/v1",
+        }.get(server, served)
+        result = await start_brain(hass, BRAIN_OPENAI)
+        result = await hass.config_entries.flow.async_configure(
+            result["flow_id"],
+            {
+                CONF_NAME: DEFAULT_NAME,
+                CONF_BASE_URL: base_url,
+                CONF_API_KEY: PEER_API_KEY,
+                CONF_MODEL: PEER_MODEL,
+            },
+        )
+    assert result["errors"] == {"base": "cannot_connect"}
+    assert result["description_placeholders"] == {"error": cause}
+    message = TRANSLATIONS["config"]["error"]["cannot_connect"]
+    assert "{error}" in message
+    logged = [r for r in caplog.records if r.name.startswith("custom_components")]
+    assert [r.levelno for r in logged] == [logging.DEBUG]
+    assert cause in logged[0].getMessage()
+    assert PEER_API_KEY not in caplog.text

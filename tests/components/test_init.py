@@ -121,18 +121,21 @@ async def test_unknown_model_retries_with_a_translated_reason(
 
 
 async def test_rejected_key_asks_for_reauth_with_a_translated_reason(
-    hass: HomeAssistant, openai_peer: OpenAIPeer
+    hass: HomeAssistant, openai_peer: OpenAIPeer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A wrong key: setup error, a reauth flow, a translated reason without the key."""
     wrong_key = "sk-wrong-key-7777"
     entry = await async_set_up(hass, openai_data(openai_peer, api_key=wrong_key))
+    [logged] = [r for r in caplog.records if "could not authenticate" in r.message]
+    assert logged.getMessage().count("rejected the API key") == 1
 
     assert entry.state is ConfigEntryState.SETUP_ERROR
     assert entry.error_reason_translation_key == "auth_failed"
     assert entry.reason is not None
-    assert entry.reason.startswith(
-        "The model server rejected the API key: "
-        "the model server rejected the API key (HTTP 401)"
+    # One clear sentence (issue 12 item 4): it said "rejected the API key" twice.
+    assert entry.reason == (
+        f"The model server {openai_peer.base_url} rejected the API key (HTTP 401);"
+        " enter a new key when Home Assistant asks for it"
     )
     assert wrong_key not in entry.reason
     (flow,) = hass.config_entries.flow.async_progress_by_handler(DOMAIN)

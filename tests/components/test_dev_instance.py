@@ -1,0 +1,140 @@
+"""The development instance (scripts/develop, config/) behaves like a stock install.
+
+Issue 12 items 16 and 17: the configuration loads automations, scripts and scenes
+made in the UI from the files a stock installation has, and the dev helper gives the
+preferred Assist pipeline speech engines that work offline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+import shutil
+import subprocess
+from types import ModuleType
+from unittest.mock import patch
+
+from homeassistant import config as conf_util
+from homeassistant.components.assist_pipeline.pipeline import (
+    async_get_pipeline,
+    async_update_pipeline,
+)
+from homeassistant.const import Platform
+from homeassistant.core import HomeAssistant
+from homeassistant.setup import async_setup_component
+
+ROOT = Path(__file__).parents[2]
+CONFIG = ROOT / "config"
+DEVELOP = ROOT / "scripts" / "develop"
+
+# docs/actions.md's first example, as the automation editor stores it.
+UI_AUTOMATION = """
+- id: "1700000000000"
+  alias: Keep each transcript
+  triggers:
+    - trigger: event
+      event_type: rtvoice_conversation_closed
+  actions:
+    - action: persistent_notification.create
+      data:
+        message: "Conversation {{ trigger.event.data.id }} closed"
+"""
+
+
+def make_stock_files(config_dir: Path) -> None:
+    """Run the lines of scripts/develop that create the included files."""
+    lines = [
+        line
+        for line in DEVELOP.read_text().splitlines()
+        if line.rstrip().endswith("# stock-file")
+    ]
+    assert len(lines) == 3
+    subprocess.run(
+        ["bash", "-euc", "\n".join(lines)],
+        env={"CONFIG_DIR": str(config_dir)},
+        check=True,
+    )
+
+
+async def test_ui_automations_scripts_and_scenes_load(
+    hass: HomeAssistant, tmp_path: Path
+) -> None:
+    """The includes resolve to the stock files, and a UI-made automation loads."""
+    shutil.copy(CONFIG / "configuration.yaml", tmp_path)
+    make_stock_files(tmp_path)
+    assert (tmp_path / "automations.yaml").read_text() == "[]"
+    (tmp_path / "scripts.yaml").write_text("")
+    # A file that exists is kept.
+    (tmp_path / "automations.yaml").write_text(UI_AUTOMATION)
+    make_stock_files(tmp_path)
+    assert (tmp_path / "automations.yaml").read_text() == UI_AUTOMATION
+
+    hass.config.config_dir = str(tmp_path)
+    config = await conf_util.async_hass_config_yaml(hass)
+    assert "script" in config
+    assert "scene" in config
+    assert await async_setup_component(
+        hass, "automation", {"automation": config["automation"]}
+    )
+    await hass.async_block_till_done()
+    state = hass.states.get("automation.keep_each_transcript")
+    assert state is not None and state.state == "on"
+
+
+def test_the_included_files_are_git_ignored() -> None:
+    """What the UI writes into config/ never shows up in git."""
+    for name in ("automations.yaml", "scripts.yaml", "scenes.yaml"):
+        ignored = subprocess.run(
+            ["git", "check-ignore", "-q", f"config/{name}"], cwd=ROOT, check=False
+        )
+        assert ignored.returncode == 0, name
+
+
+def load_dev_helper() -> ModuleType:
+    """Import config/custom_components/rtvoice_dev (not on the test's path)."""
+    path = CONFIG / "custom_components" / "rtvoice_dev" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("rtvoice_dev_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_dev_pipeline_gets_offline_speech_engines(
+    hass: HomeAssistant, tmp_path: Path
+) -> None:
+    """The first pipeline lacks TTS (the demo TTS loads late): it gets the demo TTS."""
+    hass.config.config_dir = str(tmp_path)  # the TTS cache
+    with patch(
+        "homeassistant.components.tts._init_tts_cache_dir", return_value=str(tmp_path)
+    ):
+        assert await async_setup_component(hass, "assist_pipeline", {})
+        await hass.async_block_till_done()
+        first = async_get_pipeline(hass)
+        assert first.tts_engine is None  # what a fresh dev instance started with
+        with (
+            patch(
+                "homeassistant.components.demo.COMPONENTS_WITH_CONFIG_ENTRY_DEMO_PLATFORM",
+                [Platform.STT],
+            ),
+            patch(
+                "homeassistant.components.demo.COMPONENTS_WITH_DEMO_PLATFORM",
+                [Platform.TTS],
+            ),
+        ):
+            assert await async_setup_component(hass, "demo", {"demo": {}})
+            await hass.async_block_till_done()
+
+        await load_dev_helper().async_complete_pipeline(hass)
+        pipeline = async_get_pipeline(hass)
+        assert pipeline.id == first.id
+        assert pipeline.tts_engine == "demo"
+        assert pipeline.tts_language == "en"
+        assert pipeline.stt_engine == "stt.demo_stt"
+
+        # A choice made in the UI stays.
+        await async_update_pipeline(
+            hass, pipeline, tts_engine="demo", tts_language="de"
+        )
+        await load_dev_helper().async_complete_pipeline(hass)
+        assert async_get_pipeline(hass).tts_language == "de"
