@@ -22,7 +22,7 @@ What the harness needs (DESIGN §5.7), nothing else is patched:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,8 @@ from typing import Any
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
-from custom_components.rtvoice.const import DOMAIN
+from custom_components.rtvoice.const import DOMAIN, SIGNAL_SESSION_UPDATE
+from custom_components.rtvoice.kernel import ChildStats
 from homeassistant.components import stt
 from homeassistant.components.assist_pipeline.pipeline import (
     async_get_pipeline,
@@ -41,9 +42,10 @@ from homeassistant.components.esphome.const import CONF_NOISE_PSK
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.config_entries import ConfigEntry, ConfigEntryState
 from homeassistant.const import CONF_HOST, CONF_PORT
-from homeassistant.core import HomeAssistant
+from homeassistant.core import HomeAssistant, callback
 from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import device_registry as dr, entity_registry as er
+from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from tests.components.common import (
     BED,
     KITCHEN,
@@ -59,10 +61,10 @@ from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 AGENT = "conversation.realtime_voice"
 PHRASES = [
     "turn on the kitchen lights",
+    "turn on the bed light",
     "what time is it",
     "tell me a story",
     "yes please",
-    "stop",
 ]
 METADATA = stt.SpeechMetadata(
     language="en",
@@ -80,7 +82,7 @@ async def wait[T](aw: Awaitable[T], timeout: float = SAFETY_TIMEOUT) -> T:
 
 
 async def spoken(text: str) -> bytes:
-    """A 16 kHz clip of ``text`` (espeak-ng runs in a thread on a cache miss)."""
+    """Return a 16 kHz clip of ``text`` (espeak-ng runs in a thread on a cache miss)."""
     return await asyncio.to_thread(speak, text)
 
 
@@ -151,8 +153,30 @@ class Rig:
         assert entity is not None and entity.device_id is not None
         return entity.device_id
 
+    async def wait_snapshot(
+        self, predicate: Callable[[ChildStats], bool]
+    ) -> ChildStats:
+        """Wait for the satellite's session to satisfy ``predicate`` (dispatcher)."""
+        sessions = self.entry.runtime_data.sessions
+        if (now := sessions.stats(self.satellite)) is not None and predicate(now):
+            return now
+        found: asyncio.Future[ChildStats] = self.hass.loop.create_future()
+
+        @callback
+        def updated(_satellite: str | None, snapshot: ChildStats) -> None:
+            if not found.done() and predicate(snapshot):
+                found.set_result(snapshot)
+
+        unsub = async_dispatcher_connect(
+            self.hass, SIGNAL_SESSION_UPDATE.format(self.entry.entry_id), updated
+        )
+        try:
+            return await wait(found)
+        finally:
+            unsub()
+
     async def recognise(self, pcm: bytes) -> str:
-        """What HA's STT entity hears in 16 kHz mono PCM (e.g. the answer played)."""
+        """Return what HA's STT entity hears in 16 kHz mono PCM (e.g. the answer played)."""
         entity = stt.async_get_speech_to_text_entity(self.hass, self.stt_entity)
         assert entity is not None
 
@@ -164,7 +188,7 @@ class Rig:
         return result.text or ""
 
     async def transcript(self, conversation_id: str) -> list[str]:
-        """The conversation's transcript lines through ``rtvoice.get_transcript``."""
+        """Return the transcript lines of a conversation through ``rtvoice.get_transcript``."""
         page = await self.hass.services.async_call(
             DOMAIN,
             "get_transcript",
