@@ -151,7 +151,9 @@ class Speaker:
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             playback.error = f"{type(err).__name__}: {err}"
             return
-        if playback.format is None:
+        if playback.format is None or not playback.format.sample_rate:
+            # A header longer than the first sniff (ffmpeg adds a LIST chunk) is
+            # read again from the whole body.
             playback.format = sniff_format(bytes(playback.data), playback.content_type)
         await self.play_out(playback)
 
