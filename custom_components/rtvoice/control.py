@@ -24,9 +24,9 @@ from functools import partial
 import logging
 from typing import Any, Final
 
+from homeassistant.components.assist_satellite.const import PREANNOUNCE_URL
 from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant, callback
-from homeassistant.exceptions import HomeAssistantError
 
 from .const import DOMAIN
 from .errors import RtVoiceError, UnknownConversationError, UnknownSatelliteError
@@ -43,6 +43,7 @@ MAX_PAGE_LIMIT: Final = 500
 # At most this many names (satellites) are listed in a message.
 MAX_IDS_IN_MESSAGE: Final = 50
 FEATURE_ANNOUNCE: Final = "announce"
+FEATURE_START_CONVERSATION: Final = "start_conversation"
 
 
 async def async_is_privileged(hass: HomeAssistant, user_id: str | None) -> bool:
@@ -96,10 +97,15 @@ class ControlPlane:
         satellite: str | None,
         system_prompt: str | None = None,
         owner: str | None = None,
+        message: str | None = None,
     ) -> str:
         """Start a conversation (on a satellite, else on an ad-hoc pair); its id.
 
         ``owner``: the user who asked for it (they may send to it and stop it).
+        On a satellite that can start conversations, the satellite then speaks
+        ``message`` (or plays its chime when there is none) and listens: the user's
+        answer continues this conversation. One that can only announce speaks the
+        message. The model is told what the satellite said.
 
         Raises ``UnknownSatelliteError`` for a satellite the entry does not know,
         ``RtVoiceError`` when the kernel refuses the conversation.
@@ -111,12 +117,47 @@ class ControlPlane:
                 f" (known: {id_list(self._satellites.satellites(), limit=50)})"
             )
         language = (info.language if info else None) or self._hass.config.language
+        opening = (
+            f'You opened this conversation by saying: "{message}"' if message else None
+        )
         try:
-            return await self._sessions.async_open(
-                satellite, system_prompt, language, owner
+            conversation_id = await self._sessions.async_open(
+                satellite, system_prompt, language, owner, extra_prompt=opening
             )
         except KernelError as err:
             raise RtVoiceError(str(err)) from err
+        if satellite is not None and info is not None:
+            self._start_speaking(conversation_id, satellite, info.features, message)
+        return conversation_id
+
+    def _start_speaking(
+        self,
+        conversation_id: str,
+        satellite: str,
+        features: Iterable[str],
+        message: str | None,
+    ) -> None:
+        """Let the satellite speak first and then listen (when it can)."""
+        features = set(features)
+        if FEATURE_START_CONVERSATION in features:
+            data: dict[str, Any] = (
+                {"start_message": message}
+                if message
+                else {"start_media_id": PREANNOUNCE_URL, "preannounce": False}
+            )
+            service = "start_conversation"
+        elif message and FEATURE_ANNOUNCE in features:
+            data = {"message": message}
+            service = "announce"
+        else:
+            return
+        task = self._entry.async_create_background_task(
+            self._hass,
+            self._async_satellite_call(satellite, service, data),
+            f"{DOMAIN} {service} {conversation_id}",
+        )
+        self._announce_tasks.add(task)
+        task.add_done_callback(self._announce_tasks.discard)
 
     def send(self, conversation_id: str, text: str) -> int:
         """Push ``text`` into a live conversation (interrupting it); the input seq.
@@ -239,15 +280,21 @@ class ControlPlane:
         task.add_done_callback(self._announce_tasks.discard)
 
     async def _async_announce(self, satellite: str, text: str) -> None:
+        await self._async_satellite_call(satellite, "announce", {"message": text})
+
+    async def _async_satellite_call(
+        self, satellite: str, service: str, data: dict[str, Any]
+    ) -> None:
+        """Call an ``assist_satellite`` action on one satellite; log a failure once."""
         try:
             await self._hass.services.async_call(
                 SATELLITE_DOMAIN,
-                "announce",
-                {"message": text},
+                service,
+                data,
                 target={"entity_id": satellite},
                 blocking=True,
             )
-        except HomeAssistantError as err:
+        except Exception as err:  # noqa: BLE001 - a satellite's failure is logged, never raised into the loop
             _LOGGER.warning(
-                "Announcing on %s failed: %s", satellite, type(err).__name__
+                "%s on %s failed: %s", service, satellite, type(err).__name__
             )

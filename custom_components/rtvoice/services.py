@@ -61,6 +61,7 @@ SERVICE_GET_TRANSCRIPT: Final = "get_transcript"
 
 ATTR_SATELLITE: Final = "satellite"
 ATTR_SYSTEM_PROMPT: Final = "system_prompt"
+ATTR_MESSAGE: Final = "message"
 ATTR_CONFIG_ENTRY_ID: Final = "config_entry_id"
 ATTR_CONVERSATION_ID: Final = "conversation_id"
 ATTR_TEXT: Final = "text"
@@ -74,6 +75,7 @@ START_CONVERSATION_SCHEMA: Final = vol.Schema(
     {
         vol.Optional(ATTR_SATELLITE): cv.entity_domain("assist_satellite"),
         vol.Optional(ATTR_SYSTEM_PROMPT): cv.string,
+        vol.Optional(ATTR_MESSAGE): cv.string,
         vol.Optional(ATTR_CONFIG_ENTRY_ID): cv.string,
     }
 )
@@ -202,6 +204,7 @@ async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
             satellite,
             call.data.get(ATTR_SYSTEM_PROMPT) or None,
             owner=call.context.user_id,
+            message=call.data.get(ATTR_MESSAGE) or None,
         )
     except UnknownSatelliteError as err:
         raise ServiceValidationError(

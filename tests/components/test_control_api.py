@@ -274,7 +274,7 @@ async def test_start_failure_is_a_result(
 ) -> None:
     """A kernel refusal while creating is reported with the satellites."""
 
-    async def refuse(*_args: Any) -> str:
+    async def refuse(*_args: Any, **_kwargs: Any) -> str:
         raise KernelError("channel owned by the parent")
 
     monkeypatch.setattr(entry.runtime_data.sessions, "async_open", refuse)

@@ -410,11 +410,6 @@ async def test_question_reopens_the_mic_in_the_same_conversation(
         assert len(device.runs) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rtvoice.start_conversation only opens a conversation: it neither"
-    " announces on the satellite nor asks it to listen (issue 7 §3)",
-)
 async def test_start_conversation_announces_and_listens(
     hass: HomeAssistant,
     tmp_path: Path,
@@ -437,7 +432,7 @@ async def test_start_conversation_announces_and_listens(
         response = await hass.services.async_call(
             "rtvoice",
             "start_conversation",
-            {"satellite": rig.satellite},
+            {"satellite": rig.satellite, "message": "The laundry is done."},
             blocking=True,
             return_response=True,
         )
@@ -448,6 +443,7 @@ async def test_start_conversation_announces_and_listens(
         )
         assert announce.message is not None
         assert announce.message.start_conversation
+        assert announce.message.text == "The laundry is done."
         await wait(device.wait_for(lambda e: e.kind is Kind.MIC_START, since))
         run = device.runs[-1]
         await wait(run.ended.wait(), 30)
@@ -455,6 +451,11 @@ async def test_start_conversation_announces_and_listens(
         assert events_of(run, EventType.STT_END) == [{"text": "what time is it"}]
         [intent_end] = events_of(run, EventType.INTENT_END)
         assert intent_end["conversation_id"] == response["conversation_id"]
+        # The model knows what the satellite said first.
+        system = openai_peer.requests[-1].messages[0]["content"]
+        assert (
+            'You opened this conversation by saying: "The laundry is done."' in system
+        )
 
 
 async def test_device_drops_mid_answer_and_reconnects(

@@ -789,7 +789,7 @@ async def test_failed_announcement_is_only_logged(
     control.send(conversation_id, "hello")
     await home.wait_snapshot(lambda s: s.completed_rounds == 1)
     await hass.async_block_till_done()
-    assert f"Announcing on {SATELLITE} failed: HomeAssistantError" in caplog.text
+    assert f"announce on {SATELLITE} failed: HomeAssistantError" in caplog.text
     assert "Unheard" not in caplog.text  # what was said never reaches the log
     assert home.satellite.announcements == []
 
