@@ -40,8 +40,16 @@ from custom_components.rtvoice.kernel import (
     ToolCall,
     ToolSpec,
 )
+from custom_components.rtvoice.kernel.channels import OutputHandler
 
 SAFETY_TIMEOUT = 5.0  # seconds; a safety net against hangs, never a synchronisation
+RT = ChannelDef(realtime=True)
+
+
+def rt_pair(channels: ChannelRegistry, name: str, handler: OutputHandler) -> None:
+    """Register ``<name>-in``/``<name>-out`` on ``channels`` as an RT channel pair."""
+    channels.register_input(f"{name}-in", RT)
+    channels.register_output(f"{name}-out", handler, definition=RT)
 
 
 async def wait(aw: Awaitable[Any], timeout: float = SAFETY_TIMEOUT) -> Any:
@@ -558,11 +566,8 @@ class Rig:
         """Register ``<name>-in``/``<name>-out`` as an RT channel pair."""
         rec = recorder if recorder is not None else OutputRecorder()
         self.outputs[name] = rec
-        self.channels.register_input(f"{name}-in", ChannelDef(realtime=True))
         handler = rec.async_handler if self._async_output else rec.sync_handler
-        self.channels.register_output(
-            f"{name}-out", handler, definition=ChannelDef(realtime=True)
-        )
+        rt_pair(self.channels, name, handler)
         return rec
 
     async def spawn(self, child_id: str, **options: Any) -> OutputRecorder:

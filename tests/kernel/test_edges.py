@@ -10,7 +10,6 @@ import logging
 import pytest
 
 from custom_components.rtvoice.kernel import (
-    ChannelDef,
     ChannelRegistry,
     ChildOptions,
     Delta,
@@ -29,15 +28,8 @@ from tests.kernel.fakes import (
     Tools,
     call,
     outcome,
+    rt_pair,
 )
-
-RT = ChannelDef(realtime=True)
-
-
-def pair(channels: ChannelRegistry, name: str, recorder: OutputRecorder) -> None:
-    """Register an RT pair ``<name>-in``/``<name>-out``."""
-    channels.register_input(f"{name}-in", RT)
-    channels.register_output(f"{name}-out", recorder.sync_handler, definition=RT)
 
 
 async def test_bad_arguments_are_kernel_errors() -> None:
@@ -87,7 +79,7 @@ async def test_archive_keeps_only_the_newest_transcripts() -> None:
         ScriptedProvider(default=lambda: [Text("ok")]), channels, archive_limit=2
     )
     for name in ("a", "b", "c"):
-        pair(channels, name, OutputRecorder())
+        rt_pair(channels, name, OutputRecorder().sync_handler)
         await kernel.spawn(ChildOptions(name, f"{name}-in", f"{name}-out"))
         await outcome(kernel.push(name, "hi"))
         await kernel.close(name)
@@ -104,8 +96,7 @@ async def test_failing_callbacks_and_outputs_never_break_a_round(
         raise RuntimeError("callback failed")
 
     channels = ChannelRegistry()
-    channels.register_input("c-in", RT)
-    channels.register_output("c-out", boom, definition=RT)
+    rt_pair(channels, "c", boom)
     provider = ScriptedProvider(
         [Tools.of(call("a1", "ask_parent", text="dinner?"))], [Text("Asked.")]
     )
@@ -138,7 +129,7 @@ async def test_stop_cancels_a_tool_that_outlives_the_bound() -> None:
         [Tools.of(call("q1", "quick"), call("s1", "stuck"), content="Working. ")]
     )
     channels = ChannelRegistry()
-    pair(channels, "c", OutputRecorder())
+    rt_pair(channels, "c", OutputRecorder().sync_handler)
     kernel = Kernel(provider, channels, tools=tools, stop_tool_timeout=0.01)
     await kernel.spawn(ChildOptions("c", "c-in", "c-out"))
     ticket = kernel.push("c", "do both")
@@ -160,7 +151,7 @@ async def test_partial_group_is_committed_when_a_stop_cuts_it() -> None:
         [Tools.of(call("q1", "quick"), call("s1", "stuck"), content="Working. ")]
     )
     channels = ChannelRegistry()
-    pair(channels, "c", OutputRecorder())
+    rt_pair(channels, "c", OutputRecorder().sync_handler)
     kernel = Kernel(
         provider, channels, tools=tools, on_closed=None, stop_tool_timeout=0.01
     )
@@ -221,7 +212,7 @@ async def test_interrupt_before_the_model_call_keeps_the_input() -> None:
             return super().specs()
 
     channels = ChannelRegistry()
-    pair(channels, "c1", OutputRecorder())
+    rt_pair(channels, "c1", OutputRecorder().sync_handler)
     kernel = Kernel(provider, channels, tools=InterruptingRunner({}))
     kernel_box.append(kernel)
     await kernel.spawn(ChildOptions("c1", "c1-in", "c1-out"))
@@ -254,7 +245,7 @@ async def test_barge_ins_leave_no_cyclic_garbage() -> None:
                 await asyncio.sleep(0)
 
     channels = ChannelRegistry()
-    pair(channels, "c", OutputRecorder())
+    rt_pair(channels, "c", OutputRecorder().sync_handler)
     kernel = Kernel(Endless(), channels)
     await kernel.spawn(ChildOptions("c", "c-in", "c-out"))
     gc.collect()
@@ -326,7 +317,7 @@ async def test_a_second_cancel_during_stream_cleanup_does_not_skip_aclose() -> N
     provider = _SlowCloseProvider()
     channels = ChannelRegistry()
     recorder = OutputRecorder()
-    pair(channels, "c", recorder)
+    rt_pair(channels, "c", recorder.sync_handler)
     kernel = Kernel(provider, channels)
     await kernel.spawn(ChildOptions("c", "c-in", "c-out"))
     first = kernel.push("c", "story")

@@ -15,7 +15,6 @@ import logging
 import pytest
 
 from custom_components.rtvoice.kernel import (
-    ChannelDef,
     ChannelRegistry,
     ChildOptions,
     Kernel,
@@ -32,6 +31,7 @@ from tests.kernel.fakes import (
     Tools,
     call,
     outcome,
+    rt_pair,
     wait,
     yield_many,
 )
@@ -250,10 +250,7 @@ async def test_stop_deadline_is_logged_and_then_cancels_the_call(
     tools = ScriptedToolRunner({"stuck": ToolBehaviour(gate=never)})
     provider = ScriptedProvider([Tools.of(call("s1", "stuck"))])
     channels = ChannelRegistry()
-    channels.register_input("c-in", ChannelDef(realtime=True))
-    channels.register_output(
-        "c-out", OutputRecorder().sync_handler, definition=ChannelDef(realtime=True)
-    )
+    rt_pair(channels, "c", OutputRecorder().sync_handler)
     kernel = Kernel(provider, channels, tools=tools, stop_tool_timeout=0.01)
     await kernel.spawn(ChildOptions("c", "c-in", "c-out"))
     kernel.push("c", "go")

@@ -1,0 +1,447 @@
+"""The session manager: Home Assistant's turns and the control plane's calls.
+
+``SessionManager`` is what the conversation entity, the control plane and the
+kernel's callbacks talk to. It routes each turn under its routing lock
+(``routing``), spawns and closes sessions through their lifecycle (``lifecycle``)
+and answers the turn:
+
+- ``async_converse`` prepares the brain, pushes the text (the kernel carries a
+  superseded input over) and awaits the outcome of its round, shielded. If HA
+  cancels the caller, the round is interrupted (tools still complete) and the
+  cancellation propagates; a cancel while the turn is still being routed or
+  prepared counts as a barge-in too.
+- What the answer says: its parts joined as one utterance; an apology for a failed
+  round; what its tools did when it was cut before saying anything; and what the
+  user heard of an answer cut by the control plane (an acknowledgement).
+
+Wiring goes one way: the runtime hands the manager the kernel it built and
+registers the manager's kernel callbacks; the manager follows the satellite
+directory and has the lifecycle register each satellite's channel pair with its own
+output handler. HA's chat log is written by ``chat_feed``; the control plane
+(actions, the control LLM API) lives in ``control``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+import contextlib
+from functools import partial
+import logging
+from typing import Any
+
+from homeassistant.components.conversation import (
+    ChatLog,
+    ConversationInput,
+    ConversationResult,
+)
+from homeassistant.config_entries import ConfigEntry
+from homeassistant.core import CALLBACK_TYPE, Context, HomeAssistant, callback
+from homeassistant.util.ulid import ulid_now
+
+from ..brain import Brain
+from ..chat_feed import (
+    APOLOGY,
+    ChatLogFeed,
+    conversation_result,
+    interrupted_speech,
+    not_understood_result,
+)
+from ..const import EVENT_ASK_PARENT, EVENT_CONVERSATION_CLOSED
+from ..errors import EmptyInputError, UnknownConversationError
+from ..kernel import (
+    ChannelRegistry,
+    ChildStats,
+    Kernel,
+    KernelError,
+    Outcome,
+    Ticket,
+    ToolCall,
+)
+from ..satellites import SatelliteDirectory
+from ..turn import TurnContext
+from .lifecycle import SessionLifecycle
+from .routing import KeyLocks, SessionIndex, lock_key, route_key
+from .session import Conversation, Session, Turn
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class SessionManager:
+    """Conversations of one config entry (DESIGN §5.3, docs/architecture.md)."""
+
+    _kernel: Kernel
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        entry: ConfigEntry,
+        brain: Brain,
+        channels: ChannelRegistry,
+        satellites: SatelliteDirectory,
+    ) -> None:
+        """Create the manager; ``start`` gives it the kernel, sessions start on demand."""
+        self._hass = hass
+        self._entry = entry
+        self._brain = brain
+        self._satellites = satellites
+        self._index = SessionIndex()
+        self._locks = KeyLocks()
+        self._lifecycle = SessionLifecycle(hass, entry, brain, channels, self._index)
+        self._unsubs: list[CALLBACK_TYPE] = []
+
+    # ── wiring ────────────────────────────────────────────────────────────
+
+    def configure(self, options: Mapping[str, Any]) -> None:
+        """Use the entry's options from now on (changed options need no reload).
+
+        Prompt, context window and tool turns apply to conversations started
+        after this; carry-over and the idle timeout also to running ones (a
+        running idle timer keeps its deadline until the next turn re-arms it).
+        """
+        self._lifecycle.configure(options)
+
+    def start(self, kernel: Kernel) -> None:
+        """Use ``kernel`` (built by the runtime) and follow the satellites.
+
+        Call before the directory starts: it reports every satellite it finds, and
+        each gets its RT channel pair, with the lifecycle's output handler.
+        """
+        self._kernel = kernel
+        self._lifecycle.start(kernel)
+        self._unsubs.append(
+            self._satellites.async_add_listener(self._on_satellite_change)
+        )
+
+    @callback
+    def _on_satellite_change(self, entity_id: str, present: bool) -> None:
+        if present:
+            self._lifecycle.add_satellite(entity_id)
+        else:
+            self._lifecycle.remove_satellite(entity_id)
+
+    # ── Home Assistant's conversation agent ───────────────────────────────
+
+    async def async_converse(
+        self, user_input: ConversationInput, chat_log: ChatLog, agent_id: str
+    ) -> ConversationResult:
+        """Answer one turn of a conversation (the conversation entity calls this)."""
+        if not user_input.text.strip():
+            # Nothing to answer (an empty Assist message, a blank text input): answer
+            # as HA's own agent does and start nothing.
+            _LOGGER.debug("Blank input: not understood, no conversation started")
+            return not_understood_result(
+                language=user_input.language,
+                conversation_id=self.resolve(chat_log.conversation_id),
+            )
+        try:
+            session = await self._async_route(user_input, chat_log)
+        except asyncio.CancelledError:
+            # A barge-in before the push: the satellite's conversation goes on.
+            _satellite, key = route_key(user_input, self._satellites)
+            if key is not None and (barged := self._index.by_key.get(key)) is not None:
+                barged.barged_in()
+            raise
+        try:
+            return await self._async_answer(session, user_input, chat_log, agent_id)
+        finally:
+            session.in_flight -= 1
+
+    async def _async_answer(
+        self,
+        session: Session,
+        user_input: ConversationInput,
+        chat_log: ChatLog,
+        agent_id: str,
+    ) -> ConversationResult:
+        """Push a routed turn's words and answer it (``async_converse``)."""
+        self._brain.set_turn(
+            session.id,
+            TurnContext(
+                context=user_input.context,
+                language=user_input.language,
+                device_id=user_input.device_id,
+                satellite_id=session.satellite,
+                conversation_id=session.id,
+                prompt_scope=session.prompt_scope,
+            ),
+        )
+        try:
+            await self._brain.async_prepare(session.id)
+        except asyncio.CancelledError:
+            session.barged_in()
+            raise
+        ticket = self._lifecycle.push(session, user_input.text)
+        # Read when the round ends, before a next round can commit anything.
+        round_tools: list[str] = []
+        ticket.outcome.add_done_callback(
+            partial(self._collect_round_tools, session, round_tools)
+        )
+        turn = Turn(
+            ticket.seq,
+            ChatLogFeed(
+                self._hass,
+                self._entry,
+                chat_log,
+                agent_id,
+                f"{session.id}#{ticket.seq}",
+            ),
+        )
+        session.turn = turn
+        session.turns_running += 1
+        try:
+            outcome = await asyncio.shield(ticket.outcome)
+        except asyncio.CancelledError:
+            # HA started a new run (barge-in): cut the round; a running tool still
+            # completes. Then let the cancellation propagate.
+            self._caller_cancelled(session, ticket)
+            await self._lifecycle.async_end_turn(session, turn, cancel=True)
+            raise
+        await self._lifecycle.async_end_turn(session, turn, cancel=False)
+        speech = session.spoken(ticket, outcome)
+        if outcome.status == "completed":
+            session.adopt_new_id = False
+        elif outcome.status == "failed":
+            _LOGGER.debug("Conversation %s: the round failed", session.id)
+            # History holds what the user was told: the apology, not the partial.
+            self._kernel.record_reply(session.id, ticket.seq, APOLOGY)
+        elif not speech.strip():
+            # Cut (or voided) before it said anything: say what its tools did.
+            speech = interrupted_speech(round_tools)
+        elif outcome.status == "interrupted" and (
+            (newest := session.last_input) is not None and newest.ticket is ticket
+        ):
+            # Cut by a stop or a control-plane input, not by HA: the pipeline
+            # still speaks what it gets back, so that much of the answer is heard.
+            self._kernel.acknowledge(
+                session.id, ticket.seq, len(newest.emitted), final=True
+            )
+        return conversation_result(
+            outcome,
+            language=user_input.language,
+            conversation_id=session.id,
+            speech=speech,
+            agent_reply=self._brain.agent_reply(session.id),
+            chat_log=chat_log,
+            agent_id=agent_id,
+        )
+
+    def _collect_round_tools(
+        self, session: Session, into: list[str], future: asyncio.Future[Outcome]
+    ) -> None:
+        """Collect the results of the tools an interrupted round finished.
+
+        A done callback of the round's outcome: it runs before the kernel can
+        start the next round, so the round's user input and finished tool groups
+        are the tail of the history. A superseded round ran nothing.
+        """
+        if future.cancelled() or future.result().status != "interrupted":
+            return
+        results: list[str] = []
+        for message in reversed(self._kernel.transcript(session.id) or ()):
+            if message.role == "user":
+                break
+            if message.role == "tool":
+                results.append(message.content)
+        into.extend(reversed(results))
+
+    def _caller_cancelled(self, session: Session, ticket: Ticket) -> None:
+        """HA cancelled the caller: take its input back (tools still complete)."""
+        session.barged_in()
+        if ticket.outcome.done():
+            return  # the answer was complete already: nothing to cut
+        with contextlib.suppress(KernelError):  # closing: the close settles the ticket
+            if self._kernel.withdraw(session.id, ticket.seq):
+                self._lifecycle.send_update(session)
+
+    # ── routing a turn ────────────────────────────────────────────────────
+
+    async def _async_route(
+        self, user_input: ConversationInput, chat_log: ChatLog
+    ) -> Session:
+        """Find or start the session of a turn (a new id on a satellite closes the old)."""
+        session = await self._async_find_or_spawn(user_input, chat_log)
+        session.in_flight += 1  # no await since the lookup: it cannot have closed
+        return session
+
+    async def _async_find_or_spawn(
+        self, user_input: ConversationInput, chat_log: ChatLog
+    ) -> Session:
+        satellite, key = route_key(user_input, self._satellites)
+        wanted = {
+            i for i in (user_input.conversation_id, chat_log.conversation_id) if i
+        }
+        user_id = user_input.context.user_id
+        async with self._locks.hold(lock_key(key, user_id, chat_log)):
+            route = self._index.route(self._kernel, key, wanted, user_id)
+            if route.session is not None:
+                return route.session
+            if route.replaces is not None:
+                await self._lifecycle.async_close(route.replaces)
+            session = await self._lifecycle.async_spawn(
+                self._index.new_id(self._kernel, chat_log.conversation_id),
+                satellite=satellite,
+                device_id=user_input.device_id,
+                key=key,
+                system_prompt=self._lifecycle.render_prompt(),
+                extra_prompt=user_input.extra_system_prompt,
+                adopt_new_id=False,
+                owner=user_id,
+            )
+            session.dialog_user = route.dialog_user
+            return session
+
+    # ── what the control plane uses ───────────────────────────────────────
+
+    async def async_open(
+        self,
+        satellite: str | None,
+        system_prompt: str | None,
+        language: str,
+        owner: str | None = None,
+    ) -> str:
+        """Start a conversation on a known satellite (or ad hoc); its id.
+
+        A conversation already on the satellite is closed first (hand-off). The
+        first turn HA routes to the satellite continues the new conversation.
+        """
+        info = self._satellites.info(satellite) if satellite is not None else None
+        async with self._locks.hold(satellite or f"open:{ulid_now()}"):
+            if satellite is not None and (old := self._index.by_key.get(satellite)):
+                await self._lifecycle.async_close(old)
+            session = await self._lifecycle.async_spawn(
+                ulid_now(),
+                satellite=satellite,
+                device_id=info.device_id if info else None,
+                key=satellite,
+                system_prompt=system_prompt
+                if system_prompt is not None
+                else self._lifecycle.render_prompt(),
+                extra_prompt=None,
+                adopt_new_id=True,
+                owner=owner,
+            )
+        self._brain.set_turn(
+            session.id,
+            TurnContext(
+                context=Context(),
+                language=language,
+                device_id=session.device_id,
+                satellite_id=satellite,
+                conversation_id=session.id,
+                prompt_scope=session.prompt_scope,
+            ),
+        )
+        await self._brain.async_prepare(session.id)
+        return session.id
+
+    def push(self, conversation_id: str, text: str) -> Ticket:
+        """Push ``text`` into a live conversation (interrupting it).
+
+        Raises ``EmptyInputError`` for blank text (before looking at the id),
+        ``UnknownConversationError`` when no live conversation has the id.
+        """
+        if not text.strip():
+            raise EmptyInputError("the text is empty")
+        return self._lifecycle.push(self._live(conversation_id), text)
+
+    def spoken(self, conversation_id: str, ticket: Ticket, outcome: Outcome) -> str:
+        """Return the spoken answer of a pushed input (its parts joined)."""
+        session = self._index.sessions.get(conversation_id)
+        return session.spoken(ticket, outcome) if session else outcome.text
+
+    async def async_close(self, conversation_id: str) -> int:
+        """Close a live conversation with hand-off; the number of messages handed off."""
+        return await self._lifecycle.async_close(self._live(conversation_id))
+
+    def conversations(self) -> list[Conversation]:
+        """Live conversations with their counters, by id."""
+        return [
+            Conversation(s.id, s.satellite, s.device_id, self._lifecycle.stats(s))
+            for s in sorted(self._index.sessions.values(), key=lambda s: s.id)
+        ]
+
+    def owner(self, conversation_id: str) -> str | None:
+        """Return the user a conversation belongs to, live or archived (None: none)."""
+        if (session := self._index.by_alias.get(conversation_id)) is not None:
+            return session.owner
+        return self._index.owner_of.get(conversation_id)
+
+    def satellite(self, conversation_id: str) -> str | None:
+        """Return the satellite of a live conversation (None: none, or not live)."""
+        session = self._index.by_alias.get(conversation_id)
+        return session.satellite if session is not None else None
+
+    def resolve(self, conversation_id: str) -> str:
+        """Return the session id of any id a live conversation answers to."""
+        if (session := self._index.by_alias.get(conversation_id)) is not None:
+            return session.id
+        return conversation_id
+
+    def known_ids(self) -> list[str]:
+        """Ids of live and archived conversations."""
+        return sorted({*self._index.sessions, *self._kernel.archived()})
+
+    def knows(self, conversation_id: str) -> bool:
+        """Whether the id names a live conversation (any of its ids) or an archive."""
+        return (
+            conversation_id in self._index.by_alias
+            or conversation_id in self._kernel.archived()
+        )
+
+    def stats(self, satellite: str) -> ChildStats | None:
+        """Counters of the live conversation of a satellite (or of that id), or None."""
+        session = self._index.by_key.get(satellite) or self._index.by_alias.get(
+            satellite
+        )
+        return self._lifecycle.stats(session) if session is not None else None
+
+    async def async_shutdown(self) -> None:
+        """Close every conversation (hand-off), cancel timers, tasks and listeners."""
+        while self._unsubs:
+            self._unsubs.pop()()
+        await self._lifecycle.async_shutdown()
+        # A safety net: no child outlives the entry, whatever happened above.
+        await self._kernel.close_all()
+
+    def _live(self, conversation_id: str) -> Session:
+        session = self._index.by_alias.get(conversation_id)
+        if session is None or session.closing:
+            # Never name other conversations: their ids are not every caller's.
+            raise UnknownConversationError(f"no live conversation {conversation_id!r}")
+        return session
+
+    # ── kernel callbacks (the runtime registers them) ─────────────────────
+
+    def on_closed(self, child_id: str, messages: int, chars: int) -> None:
+        """Fire the closed event (id and counts, never the text)."""
+        self._hass.bus.async_fire(
+            EVENT_CONVERSATION_CLOSED,
+            {
+                "id": child_id,
+                "messages": messages,
+                "chars": chars,
+                "satellite": self._index.satellite_of.get(child_id),
+            },
+        )
+
+    def on_ask_parent(self, child_id: str, text: str) -> None:
+        """Fire the ask-parent event."""
+        self._hass.bus.async_fire(
+            EVENT_ASK_PARENT,
+            {
+                "id": child_id,
+                "text": text,
+                "satellite": self._index.satellite_of.get(child_id),
+            },
+        )
+
+    def on_state(self, child_id: str, state: str) -> None:
+        """Tell the sensors that a conversation changed state."""
+        if (session := self._index.sessions.get(child_id)) is not None:
+            self._lifecycle.send_update(session)
+
+    def on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
+        """Kernel callback: record a finished tool call in the waiting turn's chat log."""
+        if (session := self._index.sessions.get(child_id)) is not None:
+            session.record_tool_result(call, result)
