@@ -299,11 +299,13 @@ class SessionManager:
         system_prompt: str | None,
         language: str,
         owner: str | None = None,
+        extra_prompt: str | None = None,
     ) -> str:
         """Start a conversation on a known satellite (or ad hoc); its id.
 
         A conversation already on the satellite is closed first (hand-off). The
         first turn HA routes to the satellite continues the new conversation.
+        ``extra_prompt`` is added to its system prompt (e.g. what it said first).
         """
         info = self._satellites.info(satellite) if satellite is not None else None
         async with self._locks.hold(satellite or f"open:{ulid_now()}"):
@@ -317,7 +319,7 @@ class SessionManager:
                 system_prompt=system_prompt
                 if system_prompt is not None
                 else self._lifecycle.render_prompt(),
-                extra_prompt=None,
+                extra_prompt=extra_prompt,
                 adopt_new_id=True,
                 owner=owner,
             )
