@@ -89,17 +89,20 @@ class EsphomeLink:
         zeroconf_instance: Any = None,
         on_available: Callable[[bool], None] | None = None,
         on_conversation: Callable[[DuplexConversation | None], None] | None = None,
+        on_state: Callable[[SessionState], None] | None = None,
     ) -> None:
         """Bind the device's address to the duplex binding (kernel, STT, TTS).
 
         ``on_available(bool)`` follows connection changes; ``on_conversation``
-        reports a conversation opening (and ``None`` when it closed).
+        reports a conversation opening (and ``None`` when it closed); ``on_state``
+        follows its session's state (listening, speaking, paused ...).
         """
         self.config = config
         self.binding = binding
         self._zeroconf = zeroconf_instance
         self._on_available = on_available
         self._on_conversation = on_conversation
+        self._on_state = on_state
         self.client: APIClient | None = None
         self.device_info: DeviceInfo | None = None
         self.available = False
@@ -324,6 +327,7 @@ class EsphomeLink:
             send=self._send_audio,
             segmenter=self._segmenter,
             on_end=self._session_ended,
+            on_state=self._on_state,
         )
         if self.client is None or self._closed:
             await conversation.aclose()
