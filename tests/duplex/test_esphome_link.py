@@ -41,8 +41,12 @@ from custom_components.rtvoice.kernel.openai_provider import OpenAIChatProvider
 from tests.duplex.conftest import noise
 from tests.peers.esphome import ATOM_ECHO_FEATURES, EmulatedDevice, EventType, State
 from tests.peers.esphome.record import Kind
-from tests.peers.openai_server import DEFAULT_MODEL, OpenAIPeer, Text, WaitFor
-from tests.peers.openai_server import ToolCall as PeerToolCall
+from tests.peers.openai_server import (
+    DEFAULT_MODEL,
+    OpenAIPeer,
+    Text,
+    ToolCall as PeerToolCall,
+)
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
 SAFETY = 30.0  # seconds: a safety net against hangs, never a synchronisation
@@ -185,13 +189,13 @@ class Rig:
         return conversation
 
     def history(self, conversation: DuplexConversation) -> list[Message]:
-        """The child's transcript (live or archived)."""
+        """Return the child's transcript (live or archived)."""
         transcript = self.kernel.transcript(conversation.child_id)
         assert transcript is not None
         return transcript
 
     def answer_audio(self, since: int = 0) -> bytes:
-        """Raw API audio the device received (entries from ``since``)."""
+        """Return the raw API audio the device received last."""
         playback = self.device.playbacks[-1]
         assert playback.source == "api"
         return playback.pcm
