@@ -169,6 +169,11 @@ class EsphomeLink:
                 raise
             except (APIConnectionError, OSError, TimeoutError) as err:
                 await self._disconnect()
+                task = asyncio.current_task()
+                if self._closed or (task is not None and task.cancelling()):
+                    # aioesphomeapi turns a cancel inside connect() into
+                    # APIConnectionCancelledError: it is still our cancel.
+                    raise asyncio.CancelledError from err
                 self._set_unavailable(err)
                 if isinstance(err, FATAL_ERRORS):  # needs the user: retry rarely
                     delay = self.config.backoff_max

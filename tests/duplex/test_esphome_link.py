@@ -15,15 +15,23 @@ from collections.abc import AsyncIterator, Callable
 import contextlib
 from dataclasses import dataclass, field
 import json
+import logging
 from typing import Any
 
+from aioesphomeapi import InvalidEncryptionKeyAPIError
 import pytest
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize
 
-from custom_components.rtvoice.duplex import BargeIn, DuplexOptions, SessionState
+from custom_components.rtvoice.duplex import (
+    BargeIn,
+    DuplexOptions,
+    EchoCanceller,
+    SessionState,
+    echo_unavailable_reason,
+)
 from custom_components.rtvoice.duplex_link import (
     DuplexBinding,
     DuplexConversation,
@@ -194,7 +202,7 @@ class Rig:
         assert transcript is not None
         return transcript
 
-    def answer_audio(self, since: int = 0) -> bytes:
+    def answer_audio(self) -> bytes:
         """Return the raw API audio the device received last."""
         playback = self.device.playbacks[-1]
         assert playback.source == "api"
@@ -207,6 +215,10 @@ async def rig(
     barge_in: BargeIn = BargeIn.VAD,
     end_silence_ms: int = 1500,
     phrases: tuple[str, ...] = (ASK, ANSWER, STOP),
+    echo: Callable[[], EchoCanceller | None] | None = None,
+    psk: str | None = None,
+    connect: bool = True,
+    **device_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start the peers, the device, the kernel and the link; tear all down."""
     async with (
@@ -215,6 +227,7 @@ async def rig(
             encrypted=True,
             esphome_version=FIRMWARE,
             features=ATOM_ECHO_FEATURES,
+            **device_options,
         ) as device,
         OpenAIPeer() as peer,
         WyomingSttServer(phrases=list(phrases)) as stt,
@@ -237,6 +250,7 @@ async def rig(
             tts=wyoming_tts(tts.host, tts.port),
             options=DuplexOptions(barge_in=barge_in, end_silence_ms=end_silence_ms),
             round_ends=round_ends,
+            echo=echo,
         )
         states = States()
         conversations: list[DuplexConversation] = []
@@ -244,7 +258,7 @@ async def rig(
             LinkConfig(
                 host=device.host,
                 port=device.port,
-                noise_psk=device.noise_psk,
+                noise_psk=psk or device.noise_psk,
                 login_timeout=0.5,  # 2026.9 never answers: fall back quickly
                 backoff_min=0.05,
                 backoff_max=0.2,
@@ -255,8 +269,9 @@ async def rig(
         )
         link.start()
         try:
-            await asyncio.wait_for(link.wait_connected(), SAFETY)
-            await device.wait_for_voice_client()
+            if connect:
+                await asyncio.wait_for(link.wait_connected(), SAFETY)
+                await device.wait_for_voice_client()
             yield Rig(
                 device,
                 link,
@@ -456,3 +471,54 @@ async def test_aclose_mid_session_leaves_no_task(clip) -> None:
         if not t.done() and "rtvoice" in t.get_name()
     ]
     assert leftover == []
+
+
+async def test_echo_never_interrupts_in_wake_word_mode(clip) -> None:
+    """The device hears its own answer (echo): wake_word mode plays it to the end."""
+    async with rig(barge_in=BargeIn.WAKE_WORD, echo_gain=0.6) as r:
+        r.peer.enqueue(Text(LONG))
+        conversation = await r.wake_and_say(clip(ASK))
+        speaking = await r.states.wait_for(SessionState.SPEAKING)
+        await r.device.wait_for_event(EventType.RUN_END)
+        assert SessionState.PAUSED not in r.states.seen[speaking:]
+        assert r.history(conversation)[-1].content == LONG
+        assert not r.history(conversation)[-1].interrupted
+        assert len(r.peer.requests) == 1
+
+
+@pytest.mark.skipif(
+    echo_unavailable_reason() is not None, reason=str(echo_unavailable_reason())
+)
+async def test_echo_cancelled_on_the_server_does_not_interrupt_in_vad_mode(
+    clip,
+) -> None:
+    """Vad mode over echo, with the server's AEC3: the answer is not cut by itself."""
+    async with rig(echo=EchoCanceller, echo_gain=0.6) as r:
+        r.peer.enqueue(Text(LONG))
+        conversation = await r.wake_and_say(clip(ASK))
+        await r.states.wait_for(SessionState.SPEAKING)
+        await r.device.wait_for_event(EventType.RUN_END)
+        stats = r.conversations[0].session.stats
+        assert stats.barge_ins == 0 and stats.pushes == 1
+        assert r.history(conversation)[-1].content == LONG
+        assert not r.history(conversation)[-1].interrupted
+
+
+async def test_wrong_key_is_reported_once_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A wrong Noise key: unavailable with a typed error, one warning, no crash."""
+    wrong = "kM4hjsYMzyG7ieDB+jQEPvqAOGdYoswlGXmQx4CGuhY="
+    with caplog.at_level(logging.WARNING, logger="custom_components.rtvoice"):
+        async with rig(psk=wrong, connect=False) as r:
+            await r.device.wait_for_disconnect()
+            since = r.device.mark()
+            await r.device.wait_for_disconnect(since)  # retried, failed again
+            assert not r.link.available
+            assert isinstance(r.link.last_error, InvalidEncryptionKeyAPIError)
+    warnings = [
+        rec for rec in caplog.records if rec.name.startswith("custom_components")
+    ]
+    assert len(warnings) == 1
+    assert "unavailable" in warnings[0].getMessage()
+    assert wrong not in caplog.text
