@@ -149,13 +149,12 @@ class EsphomeLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
         await self._end_conversation(send_run_end=True)
-        await self._disconnect()
+        # Conversations still closing (each close is shielded and bounded): wait.
         while self._tasks:
             tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._tasks.difference_update(tasks)
+        await self._disconnect()
 
     # --- connection ----------------------------------------------------------------
 
@@ -347,8 +346,22 @@ class EsphomeLink:
             self._on_conversation(conversation)
 
     def _session_ended(self) -> None:
-        """Silence after the last answer: back to wake-word listening."""
-        self._spawn(self._end_conversation(send_run_end=True), "end conversation")
+        """Silence after the last answer: back to wake-word listening.
+
+        Detached now, so a wake word right after it opens a new conversation that
+        this ending can neither cancel nor end on the device.
+        """
+        conversation, self.conversation = self.conversation, None
+        if conversation is None:
+            return
+        # The only event that ends the mic stream, sent once the session is over.
+        self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
+        self._spawn(self._release(conversation), "end conversation")
+
+    async def _release(self, conversation: DuplexConversation) -> None:
+        await conversation.aclose()
+        if self._on_conversation is not None:
+            self._on_conversation(None)
 
     async def _end_conversation(self, *, send_run_end: bool) -> None:
         opening, self._opening = self._opening, None
@@ -361,11 +374,8 @@ class EsphomeLink:
         if conversation is None:
             return
         if send_run_end:
-            # The only event that ends the mic stream, sent once the session is over.
             self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
-        await conversation.aclose()
-        if self._on_conversation is not None:
-            self._on_conversation(None)
+        await self._release(conversation)
 
     async def _send_audio(self, frame: bytes) -> None:
         client = self.client
