@@ -522,3 +522,45 @@ async def test_wrong_key_is_reported_once_and_retried(
     assert len(warnings) == 1
     assert "unavailable" in warnings[0].getMessage()
     assert wrong not in caplog.text
+
+
+async def test_older_firmware_gets_login_and_both_audio_signatures_work() -> None:
+    """ESPHome < 2026.1 answers the login; mic audio arrives as (data) or (data, data2)."""
+    async with EmulatedDevice(name="old", esphome_version="2025.4.0") as device:
+        kernel = Kernel(
+            OpenAIChatProvider(base_url="http://127.0.0.1:9", api_key=None, model="m"),
+            ChannelRegistry(),
+        )
+
+        async def no_stt(pcm: bytes) -> str:
+            return ""
+
+        async def no_tts(text: str) -> AsyncIterator[bytes]:
+            yield b""
+
+        link = EsphomeLink(
+            LinkConfig(host=device.host, port=device.port),
+            DuplexBinding(kernel=kernel, stt=no_stt, tts=no_tts),
+        )
+        link.start()
+        try:
+            await asyncio.wait_for(link.wait_connected(), SAFETY)
+            await device.wait_for_voice_client()
+            assert link.login is True
+            assert link.device_info is not None and link.device_info.name == "old"
+            opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            link._on_conversation = lambda c: opened.done() or opened.set_result(None)  # noqa: SLF001
+            run = device.wake()
+            assert run is not None
+            await asyncio.wait_for(run.streaming.wait(), SAFETY)
+            await asyncio.wait_for(opened, SAFETY)
+            conversation = link.conversation
+            assert conversation is not None
+            before = conversation.session.mic_ms
+            await link._handle_audio(bytes(640))  # noqa: SLF001 - aioesphomeapi 29.x
+            await link._handle_audio(bytes(640), b"")  # noqa: SLF001 - 45+
+            # No await suspends in between: exactly these 40 ms were fed.
+            assert conversation.session.mic_ms == before + 40
+        finally:
+            await link.aclose()
+            await kernel.stop_all()
