@@ -29,6 +29,7 @@ from .kernel import (
     Kernel,
     Ticket,
     current_child_id,
+    current_round_seq,
 )
 from .prompts import PromptRegistry, PromptSection
 from .transcript import TranscriptPage, format_transcript
@@ -65,6 +66,7 @@ __all__ = [
     "ToolSpec",
     "TranscriptPage",
     "current_child_id",
+    "current_round_seq",
     "drop_unpaired_tool_calls",
     "estimate_tokens",
     "format_transcript",

@@ -10,8 +10,10 @@ reported counts; a later report may still correct the most recent round.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 import enum
+import logging
 from typing import Literal
 
 from .context import (
@@ -24,6 +26,8 @@ from .context import (
 )
 from .slot import LatestSlot, PendingInput
 from .types import Message, Outcome, OutcomeStatus, ToolCall
+
+_LOGGER = logging.getLogger(__name__)
 
 
 class ChildState(enum.StrEnum):
@@ -175,6 +179,8 @@ class Child:
         self.close_requested = False
         self.carry: list[tuple[int, str]] = []  # superseded inputs to carry over
         self.last: Round | None = None  # the most recent round that reached history
+        # Kernel(on_round_end=...): input ``seq`` will emit no more text.
+        self.on_round_end: Callable[[str, int], None] | None = None
 
     def commit(self, *messages: Message) -> None:
         """Append to the history (never trimmed in place) and count its tokens."""
@@ -309,7 +315,7 @@ class Child:
         if rnd.delivery_final:  # playback was cut before the model even finished
             self.amend_round(rnd)
         self.completed_rounds += 1
-        settle(rnd.future, Outcome("completed", "".join(rnd.emitted)))
+        self.settle(rnd.seq, rnd.future, Outcome("completed", "".join(rnd.emitted)))
 
     def end_cut(self, rnd: Round) -> None:
         """Settle a round ended by a newer input, interrupt() or stop."""
@@ -318,7 +324,7 @@ class Child:
             # The input never reached the model: superseded, nothing committed.
             rnd.finished = True
             if self.stopped:
-                settle(rnd.future, Outcome("interrupted", error=error))
+                self.settle(rnd.seq, rnd.future, Outcome("interrupted", error=error))
                 return
             self.slot.dropped += 1
             self.superseded_rounds += 1
@@ -332,7 +338,9 @@ class Child:
         self.commit_partial(rnd)
         self.finish(rnd, "interrupted")
         self.interrupted_rounds += 1
-        settle(rnd.future, Outcome("interrupted", self.heard_text(rnd), error))
+        self.settle(
+            rnd.seq, rnd.future, Outcome("interrupted", self.heard_text(rnd), error)
+        )
 
     def end_failed(self, rnd: Round, message: str, error_type: str) -> None:
         """Settle a failed round: never the unheard partial (DESIGN 4.4)."""
@@ -341,7 +349,8 @@ class Child:
         self.commit_partial(rnd)
         self.finish(rnd, "failed")
         self.failed_rounds += 1
-        settle(
+        self.settle(
+            rnd.seq,
             rnd.future,
             Outcome("failed", self.heard_text(rnd), message, error_type),
         )
@@ -362,7 +371,22 @@ class Child:
             self.carry.append((given.seq, given.text))
         else:
             carried_into = None
-        settle(future, Outcome("superseded", carried_into=carried_into))
+        self.settle(given.seq, future, Outcome("superseded", carried_into=carried_into))
+
+    def settle(
+        self, seq: int, future: asyncio.Future[Outcome] | None, outcome: Outcome
+    ) -> None:
+        """Resolve input ``seq``'s ticket and report that it will emit no more text.
+
+        Every input ends here exactly once (completed, cut, failed, superseded,
+        stopped), after the last delta of its round reached the output handler.
+        """
+        settle(future, outcome)
+        if self.on_round_end is not None:
+            try:
+                self.on_round_end(self.options.id, seq)
+            except Exception:
+                _LOGGER.exception("on_round_end callback failed")
 
     # ── reports from the output side and the adapter ──────────────────────
 

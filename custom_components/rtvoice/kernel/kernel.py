@@ -31,15 +31,7 @@ import time
 from typing import Any, Literal
 
 from .channels import ChannelRegistry, OutputHandler
-from .child import (
-    Child,
-    ChildOptions,
-    ChildState,
-    ChildStats,
-    Round,
-    settle,
-    stopped_outcome,
-)
+from .child import Child, ChildOptions, ChildState, ChildStats, Round, stopped_outcome
 from .context import drop_unpaired_tool_calls, message_tokens, trim_to_window
 from .errors import AgentNotRealtimeError, KernelError
 from .prompts import PromptRegistry
@@ -81,9 +73,21 @@ ASK_PARENT_SPEC = ToolSpec(
 _CURRENT_CHILD: ContextVar[str | None] = ContextVar("rtvoice_child", default=None)
 
 
+_CURRENT_SEQ: ContextVar[int | None] = ContextVar("rtvoice_round_seq", default=None)
+
+
 def current_child_id() -> str | None:
     """Id of the child whose round is running in this task (for tool runners)."""
     return _CURRENT_CHILD.get()
+
+
+def current_round_seq() -> int | None:
+    """Seq of the round running in this task: read it in an output handler.
+
+    Every delta a handler receives belongs to this round; ``on_round_end`` reports
+    the same seq once its last delta has been handed out.
+    """
+    return _CURRENT_SEQ.get()
 
 
 STOP_TOOL_TIMEOUT = 10.0
@@ -148,6 +152,7 @@ class Kernel:
         on_ask_parent: Callable[[str, str], None] | None = None,
         on_state: Callable[[str, str], None] | None = None,
         on_tool_result: Callable[[str, ToolCall, str], None] | None = None,
+        on_round_end: Callable[[str, int], None] | None = None,
         stop_tool_timeout: float = STOP_TOOL_TIMEOUT,
         archive_limit: int = ARCHIVE_LIMIT,
     ) -> None:
@@ -157,7 +162,11 @@ class Kernel:
         ``on_ask_parent(child_id, text)`` delivers the ask_parent tool,
         ``on_state(child_id, state)`` reports state changes and
         ``on_tool_result(child_id, call, result)`` follows every tool result
-        (also calls answered without running, e.g. "not run" after a stop).
+        (also calls answered without running, e.g. "not run" after a stop) and
+        ``on_round_end(child_id, seq)`` says that input ``seq`` will emit no more
+        text: once per pushed input, after its round's last delta, whatever the
+        ending (completed, cut, failed, superseded, stopped), without waiting for
+        the output side's acknowledgement.
         Callbacks run in the event loop and must not block; their errors are
         logged, never raised into a round.
         """
@@ -170,6 +179,7 @@ class Kernel:
         self._on_ask_parent = on_ask_parent
         self._on_state = on_state
         self._on_tool_result = on_tool_result
+        self._on_round_end = on_round_end
         self._stop_tool_timeout = stop_tool_timeout
         self._archive_limit = archive_limit
         self._children: dict[str, Child] = {}
@@ -203,6 +213,7 @@ class Kernel:
             available = ", ".join(self.channels.realtime_names()) or "none"
             raise type(err)(f"{err}. RT channels: {available}") from err
         child = Child(options, asyncio.get_running_loop())
+        child.on_round_end = self._on_round_end
         # A fresh context: the child must not inherit the context variables of
         # whoever spawned it (e.g. a caller's chat log or trace), since its rounds
         # outlive that caller and serve later callers.
@@ -365,7 +376,9 @@ class Kernel:
             child.stopped = True
             pending = child.slot.take()
             if pending is not None:
-                settle(child.tickets.pop(pending.seq, None), stopped_outcome())
+                child.settle(
+                    pending.seq, child.tickets.pop(pending.seq, None), stopped_outcome()
+                )
             task = child.loop.create_task(
                 self._run_teardown(child),
                 name=f"rtvoice teardown {child.options.id}",
@@ -411,8 +424,8 @@ class Kernel:
             child.loop_task.cancel()
             await asyncio.wait((child.loop_task,))
             child.loop_task = None  # break the child <-> loop task cycle
-        for future in child.tickets.values():
-            settle(future, stopped_outcome())
+        for seq, future in list(child.tickets.items()):
+            child.settle(seq, future, stopped_outcome())
         child.tickets.clear()
         self._children.pop(child.options.id, None)
         self.channels.report_dangling(child.options.id)
@@ -544,6 +557,7 @@ class Kernel:
 
     async def _run_round(self, child: Child, rnd: Round) -> None:
         _CURRENT_CHILD.set(child.options.id)  # the round task has its own context
+        _CURRENT_SEQ.set(rnd.seq)
         try:
             await self._round_body(child, rnd)
         except asyncio.CancelledError:

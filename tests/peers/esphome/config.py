@@ -106,6 +106,10 @@ class DeviceConfig:
     ``USE_WAKE_WORD``). Voice PE detects it on the device (False) and sends the phrase."""
     silence_detection: bool = True
     """``USE_VAD`` flag in the start request (firmware: ``silence_detection``)."""
+    echo_gain: float = 0.0
+    """The mic hears the raw API audio the speaker plays, times this (0: no echo)."""
+    echo_delay_ms: int = 120
+    """Speaker-to-mic delay of that echo (on top of the client's lead)."""
 
     @property
     def version(self) -> tuple[int, ...]:

@@ -1,6 +1,9 @@
 """The device's microphone: 16 kHz 16-bit mono, 32 ms frames, paced by the loop clock.
 
-The mic hears whatever speech was queued (``queue``), then silence. ``MicClock`` yields
+The mic hears whatever speech was queued (``queue``), then silence. While a run
+streams, it keeps streaming (silence between clips), as a duplex device does. With an
+echo path (``DeviceConfig.echo_gain``) it also hears the device's own speaker: raw API
+audio is mixed in, attenuated, after ``echo_delay_ms`` (``echo``). ``MicClock`` yields
 frame ``i`` when it has been "captured", at ``start + (i + 1) * 32 ms / speed`` on the loop
 clock: each due time is computed from the start, so waiting never accumulates drift.
 """
@@ -10,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+
+import numpy as np
 
 SAMPLE_RATE = 16000
 SAMPLE_WIDTH = 2
@@ -37,6 +42,22 @@ class Microphone:
     def __init__(self) -> None:
         """Start with nothing to say (silence)."""
         self._pending = bytearray()
+        self._echo = bytearray()
+
+    def echo(self, pcm: bytes, *, gain: float, delay_ms: int) -> None:
+        """Hear the speaker: ``pcm`` times ``gain``, after the room's delay.
+
+        ``delay_ms`` of silence go first when no echo is pending.
+        """
+        if not self._echo and delay_ms > 0:
+            self._echo.extend(bytes(delay_ms * SAMPLE_RATE // 1000 * SAMPLE_WIDTH))
+        samples = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], dtype="<i2")
+        self._echo.extend((samples * gain).astype("<i2").tobytes())
+
+    @property
+    def echo_pending(self) -> int:
+        """Bytes of echo not captured yet."""
+        return len(self._echo)
 
     @property
     def pending(self) -> int:
@@ -54,14 +75,24 @@ class Microphone:
         self._pending.clear()
 
     def capture(self, index: int) -> Frame:
-        """Capture the next frame: queued speech (zero-padded) or silence."""
+        """Capture the next frame: queued speech (zero-padded) or silence, plus echo."""
         if not self._pending:
-            return Frame(index, SILENCE, speech=False, last_speech=False)
-        chunk = bytes(self._pending[:FRAME_BYTES])
-        del self._pending[:FRAME_BYTES]
-        if len(chunk) < FRAME_BYTES:
-            chunk += bytes(FRAME_BYTES - len(chunk))
-        return Frame(index, chunk, speech=True, last_speech=not self._pending)
+            frame = Frame(index, SILENCE, speech=False, last_speech=False)
+        else:
+            chunk = bytes(self._pending[:FRAME_BYTES])
+            del self._pending[:FRAME_BYTES]
+            if len(chunk) < FRAME_BYTES:
+                chunk += bytes(FRAME_BYTES - len(chunk))
+            frame = Frame(index, chunk, speech=True, last_speech=not self._pending)
+        if not self._echo:
+            return frame
+        echo = bytes(self._echo[:FRAME_BYTES])
+        del self._echo[:FRAME_BYTES]
+        echo += bytes(FRAME_BYTES - len(echo))
+        mixed = np.frombuffer(frame.pcm, dtype="<i2").astype(np.int32)
+        mixed += np.frombuffer(echo, dtype="<i2")
+        pcm = np.clip(mixed, -32768, 32767).astype("<i2").tobytes()
+        return Frame(index, pcm, speech=frame.speech, last_speech=frame.last_speech)
 
 
 async def mic_clock(

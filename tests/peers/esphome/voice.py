@@ -416,6 +416,12 @@ class VoiceAssistant:
             self._api_playback = playback
             self.playbacks.append(playback)
         if message.data:
+            if self._config.echo_gain > 0 and playback.audible:
+                self.mic.echo(
+                    message.data,
+                    gain=self._config.echo_gain,
+                    delay_ms=self._config.echo_delay_ms,
+                )
             if playback.first_byte_at is None:
                 playback.first_byte_at = now
             playback.last_byte_at = now

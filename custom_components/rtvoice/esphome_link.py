@@ -1,0 +1,428 @@
+"""The connection to one ESPHome satellite that this integration owns (duplex mode).
+
+``EsphomeLink`` keeps an ``aioesphomeapi`` connection up (reconnects with backoff;
+one warning when the device becomes unavailable, one info line when it is back),
+subscribes to the voice assistant (the first subscriber owns it, DESIGN §5.5) and
+turns each device-initiated start (the wake word) into a ``DuplexConversation``:
+
+- the start is answered with port 0 (mic audio over the API connection);
+- every mic chunk goes into the session, answer frames go back as raw API audio
+  (``send_voice_assistant_audio``: played directly by firmware ≥ 2026.9);
+- while the conversation lives the link never sends an event that ends the mic
+  stream (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
+  ``tts_start_streaming``); when the session ends by silence it sends RUN_END and
+  the device returns to wake-word listening;
+- a new start while a conversation lives is the wake word said again: the answer
+  is cut (``wake_word_detected``) and the conversation goes on;
+- a stop from the device, a lost connection or ``aclose`` closes the conversation
+  (no task left, the child handed off).
+
+Version notes: aioesphomeapi 29.x calls ``handle_audio(data)``, 45+ calls
+``handle_audio(data, data2)`` and passes handlers by keyword only: the handlers
+accept ``*args``. ESPHome ≥ 2026.1 never answers the login request of
+``connect(login=True)`` (29.x): the link falls back to ``login=False`` after
+``login_timeout`` and remembers it for reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+import contextlib
+from dataclasses import dataclass
+import logging
+from typing import Any
+
+from aioesphomeapi import (
+    APIClient,
+    APIConnectionError,
+    DeviceInfo,
+    InvalidAuthAPIError,
+    InvalidEncryptionKeyAPIError,
+    RequiresEncryptionAPIError,
+    VoiceAssistantEventType,
+)
+
+from .duplex import SessionState, UtteranceSegmenter
+from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
+
+_LOGGER = logging.getLogger(__name__)
+
+CLIENT_INFO = "Home Assistant Realtime Voice"
+API_AUDIO_PORT = 0  # answer a start with port 0: audio over the API connection
+MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (5 s)
+
+# Errors no retry will fix: the user must change the configuration.
+FATAL_ERRORS = (
+    InvalidAuthAPIError,
+    InvalidEncryptionKeyAPIError,
+    RequiresEncryptionAPIError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkConfig:
+    """Where the satellite is and how to talk to it."""
+
+    host: str
+    port: int = 6053
+    noise_psk: str | None = None
+    expected_name: str | None = None
+    client_info: str = CLIENT_INFO
+    login_timeout: float = 10.0  # then fall back to login=False (ESPHome >= 2026.1)
+    backoff_min: float = 1.0
+    backoff_max: float = 60.0
+
+
+class EsphomeLink:
+    """One ESPHome satellite: connection, voice assistant, duplex conversations.
+
+    Not thread-safe: use from the event loop. ``start`` returns at once; ``aclose``
+    ends everything the link started.
+    """
+
+    def __init__(
+        self,
+        config: LinkConfig,
+        binding: DuplexBinding,
+        *,
+        zeroconf_instance: Any = None,
+        on_available: Callable[[bool], None] | None = None,
+        on_conversation: Callable[[DuplexConversation | None], None] | None = None,
+        on_state: Callable[[SessionState], None] | None = None,
+    ) -> None:
+        """Bind the device's address to the duplex binding (kernel, STT, TTS).
+
+        ``on_available(bool)`` follows connection changes; ``on_conversation``
+        reports a conversation opening (and ``None`` when it closed); ``on_state``
+        follows its session's state (listening, speaking, paused ...).
+        """
+        self.config = config
+        self.binding = binding
+        self._zeroconf = zeroconf_instance
+        self._on_available = on_available
+        self._on_conversation = on_conversation
+        self._on_state = on_state
+        self.client: APIClient | None = None
+        self.device_info: DeviceInfo | None = None
+        self.available = False
+        self.login: bool | None = None  # learnt: does the device answer login?
+        self.last_error: Exception | None = None
+        self.conversation: DuplexConversation | None = None
+        self._segmenter: UtteranceSegmenter | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._early_audio = bytearray()
+        self._unsubscribe: Callable[[], None] | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._lost: asyncio.Event = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._warned = False
+        self._closed = False
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start connecting (and reconnecting) in the background."""
+        if self._runner is None and not self._closed:
+            self._runner = asyncio.get_running_loop().create_task(
+                self._run(), name=f"rtvoice esphome {self.config.host}"
+            )
+
+    async def wait_connected(self) -> None:
+        """Return once the device is connected and its voice assistant subscribed."""
+        await self._connected.wait()
+
+    @property
+    def name(self) -> str:
+        """The device's name (or its host until known)."""
+        if self.device_info is not None and self.device_info.name:
+            return self.device_info.name
+        return self.config.host
+
+    async def aclose(self) -> None:
+        """Close the conversation, stop reconnecting, disconnect. No task is left."""
+        self._closed = True
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        await self._end_conversation(send_run_end=True)
+        # Conversations still closing (each close is shielded and bounded): wait.
+        while self._tasks:
+            tasks = list(self._tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)
+        await self._disconnect()
+
+    # --- connection ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        delay = self.config.backoff_min
+        while True:
+            try:
+                await self._connect()
+            except asyncio.CancelledError:
+                await self._disconnect()
+                raise
+            except (APIConnectionError, OSError, TimeoutError) as err:
+                await self._disconnect()
+                task = asyncio.current_task()
+                if self._closed or (task is not None and task.cancelling()):
+                    # aioesphomeapi turns a cancel inside connect() into
+                    # APIConnectionCancelledError: it is still our cancel.
+                    raise asyncio.CancelledError from err
+                self._set_unavailable(err)
+                if isinstance(err, FATAL_ERRORS):  # needs the user: retry rarely
+                    delay = self.config.backoff_max
+                await asyncio.sleep(delay)  # backoff, not synchronisation
+                delay = min(delay * 2, self.config.backoff_max)
+                continue
+            delay = self.config.backoff_min
+            self._set_available()
+            await self._lost.wait()
+            self._connected.clear()
+            await self._end_conversation(send_run_end=False)
+            await self._disconnect()
+            self._set_unavailable(None)
+
+    async def _connect(self) -> None:
+        if self.login is not False:
+            client, lost = self._new_client()
+            login_timeout = asyncio.timeout(self.config.login_timeout)
+            try:
+                async with login_timeout:
+                    await client.connect(on_stop=_setter(lost), login=True)
+            except (TimeoutError, APIConnectionError):
+                await _force_disconnect(client)
+                if not login_timeout.expired():
+                    raise
+                _LOGGER.debug(
+                    "%s did not answer the login; connecting without it",
+                    self.config.host,
+                )
+            except BaseException:
+                await _force_disconnect(client)
+                raise
+            else:
+                self.login = True
+                await self._connected_as(client, lost)
+                return
+        client, lost = self._new_client()
+        try:
+            await client.connect(on_stop=_setter(lost), login=False)
+        except BaseException:
+            await _force_disconnect(client)
+            raise
+        self.login = False
+        await self._connected_as(client, lost)
+
+    def _new_client(self) -> tuple[APIClient, asyncio.Event]:
+        """Return a client and the event its loss of connection sets."""
+        config = self.config
+        client = APIClient(
+            config.host,
+            config.port,
+            None,
+            client_info=config.client_info,
+            noise_psk=config.noise_psk,
+            expected_name=config.expected_name,
+            zeroconf_instance=self._zeroconf,
+        )
+        return client, asyncio.Event()
+
+    async def _connected_as(self, client: APIClient, lost: asyncio.Event) -> None:
+        self.client = client
+        self._lost = lost
+        try:
+            self.device_info = await client.device_info()
+            if self._segmenter is None:
+                self._segmenter = await warm_segmenter()
+            self._unsubscribe = client.subscribe_voice_assistant(
+                handle_start=self._handle_start,
+                handle_stop=self._handle_stop,
+                handle_audio=self._handle_audio,
+            )
+        except BaseException:
+            await self._disconnect()
+            raise
+        if self._lost.is_set():
+            raise APIConnectionError("connection lost while subscribing")
+
+    async def _disconnect(self) -> None:
+        self._connected.clear()
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        client, self.client = self.client, None
+        if unsubscribe is not None:
+            with contextlib.suppress(APIConnectionError):
+                unsubscribe()
+        if client is not None:
+            await _force_disconnect(client)
+
+    def _set_available(self) -> None:
+        self.last_error = None
+        self.available = True
+        self._connected.set()
+        if self._warned:
+            _LOGGER.info("ESPHome satellite %s is available again", self.name)
+        self._warned = False
+        if self._on_available is not None:
+            self._on_available(True)
+
+    def _set_unavailable(self, err: Exception | None) -> None:
+        if err is not None:
+            self.last_error = err
+        was_available, self.available = self.available, False
+        if not self._warned:
+            self._warned = True
+            # The error's type only: messages may carry addresses or key material.
+            _LOGGER.warning(
+                "ESPHome satellite %s is unavailable%s",
+                self.name,
+                f" ({type(err).__name__})" if err is not None else "",
+            )
+        if was_available and self._on_available is not None:
+            self._on_available(False)
+
+    # --- voice assistant callbacks (aioesphomeapi) ----------------------------------
+
+    async def _handle_start(self, *args: Any) -> int | None:
+        """Device-initiated start (wake word): a new or continued conversation."""
+        conversation = self.conversation
+        if conversation is not None and not conversation.ended:
+            conversation.session.wake_word_detected()
+            return API_AUDIO_PORT
+        if self._opening is not None and not self._opening.done():
+            return API_AUDIO_PORT  # a repeated wake word while opening: same one
+        if self.client is None:
+            return None
+        self._early_audio.clear()
+        self._opening = self._spawn(self._open_conversation(), "open conversation")
+        return API_AUDIO_PORT
+
+    async def _handle_stop(self, *args: Any) -> None:
+        """Handle a stop: ``start=False`` (abort=True) or the end of the audio."""
+        abort = bool(args[0]) if args else True
+        if abort:
+            await self._end_conversation(send_run_end=False)
+        # end=True of the audio: the session segments speech itself; nothing to do.
+
+    async def _handle_audio(self, *args: Any) -> None:
+        """Mic audio: ``(data)`` on aioesphomeapi 29.x, ``(data, data2)`` on 45+."""
+        if not args:
+            return
+        data: bytes = args[0]
+        conversation = self.conversation
+        if conversation is not None:
+            conversation.session.feed_mic(data)
+        elif self._opening is not None and not self._opening.done():
+            if len(self._early_audio) + len(data) <= MAX_EARLY_AUDIO:
+                self._early_audio += data
+
+    # --- conversations ----------------------------------------------------------------
+
+    async def _open_conversation(self) -> None:
+        if self._segmenter is None:
+            self._segmenter = await warm_segmenter()
+        conversation = await DuplexConversation.open(
+            self.binding,
+            name=self.name,
+            send=self._send_audio,
+            segmenter=self._segmenter,
+            on_end=self._session_ended,
+            on_state=self._on_state,
+        )
+        if self.client is None or self._closed:
+            await conversation.aclose()
+            return
+        self.conversation = conversation
+        self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
+        self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_START, {})
+        early, self._early_audio = bytes(self._early_audio), bytearray()
+        if early:
+            conversation.session.feed_mic(early)
+        if self._on_conversation is not None:
+            self._on_conversation(conversation)
+
+    def _session_ended(self) -> None:
+        """Silence after the last answer: back to wake-word listening.
+
+        Detached now, so a wake word right after it opens a new conversation that
+        this ending can neither cancel nor end on the device.
+        """
+        conversation, self.conversation = self.conversation, None
+        if conversation is None:
+            return
+        # The only event that ends the mic stream, sent once the session is over.
+        self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
+        self._spawn(self._release(conversation), "end conversation")
+
+    async def _release(self, conversation: DuplexConversation) -> None:
+        await conversation.aclose()
+        if self._on_conversation is not None:
+            self._on_conversation(None)
+
+    async def _end_conversation(self, *, send_run_end: bool) -> None:
+        opening, self._opening = self._opening, None
+        if opening is not None and not opening.done():
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
+        self._early_audio.clear()
+        conversation, self.conversation = self.conversation, None
+        if conversation is None:
+            return
+        if send_run_end:
+            self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
+        await self._release(conversation)
+
+    async def _send_audio(self, frame: bytes) -> None:
+        client = self.client
+        if client is None:
+            return  # the connection is gone; the conversation is being closed
+        try:
+            client.send_voice_assistant_audio(frame)
+        except APIConnectionError:
+            return
+
+    def _send_event(
+        self, event: VoiceAssistantEventType, data: dict[str, str] | None
+    ) -> None:
+        client = self.client
+        if client is None:
+            return
+        with contextlib.suppress(APIConnectionError):
+            client.send_voice_assistant_event(event, data)
+
+    def _spawn(self, coro: Any, what: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"rtvoice {what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (err := task.exception()) is not None:
+            _LOGGER.error(
+                "Duplex conversation on %s failed: %s", self.name, type(err).__name__
+            )
+
+    @property
+    def session_state(self) -> SessionState | None:
+        """State of the live conversation's session, if any."""
+        return self.conversation.session.state if self.conversation else None
+
+
+def _setter(event: asyncio.Event) -> Callable[[bool], Coroutine[Any, Any, None]]:
+    """Return an ``on_stop`` callback that sets ``event`` (one per client)."""
+
+    async def on_stop(expected_disconnect: bool) -> None:
+        event.set()
+
+    return on_stop
+
+
+async def _force_disconnect(client: APIClient) -> None:
+    with contextlib.suppress(APIConnectionError, OSError):
+        await client.disconnect(force=True)
