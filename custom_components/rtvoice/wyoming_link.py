@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING
 
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
+from wyoming.event import Event
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
 from wyoming.satellite import RunSatellite
@@ -102,6 +103,9 @@ class LinkOptions:
     # No event (the mic streams ~16 chunks a second) for this long: the satellite is gone.
     idle_timeout_s: float = 5.0
     connect_timeout_s: float = 5.0
+    # openWakeWord scores several 80 ms frames of one phrase above the threshold: one
+    # detection per this much audio (server-side wake word).
+    wake_refractory_ms: int = 1500
 
 
 @dataclass
@@ -182,6 +186,7 @@ class WyomingSatelliteLink:
         self._client: AsyncTcpClient | None = None
         self._converter = AudioChunkConverter(SAMPLE_RATE, SAMPLE_WIDTH, CHANNELS)
         self._wake_stream: WakeWordStream | None = None
+        self._last_wake_ms: int | None = None  # stream audio position of the last wake
         self._segmenter: UtteranceSegmenter | None = None
         self._audio_open = False  # audio-start sent, audio-stop not yet
         self._stop_task: asyncio.Task[None] | None = None  # audio-stop being written
@@ -259,8 +264,8 @@ class WyomingSatelliteLink:
                 )
             finally:
                 self._connected.clear()
-                await self._end_session(interrupt=True)
                 await self._disconnect()
+                await self._end_session(interrupt=True)
             self.stats.disconnects += 1
             self._set_state(LinkState.DISCONNECTED)
             if streamed:
@@ -312,7 +317,7 @@ class WyomingSatelliteLink:
             elif Info.is_type(event.type):
                 self.info = Info.from_event(event)
             elif Ping.is_type(event.type):
-                await client.write_event(Pong(text=Ping.from_event(event).text).event())
+                await self._write(Pong(text=Ping.from_event(event).text).event())
             # run-pipeline (the satellite asks for wake → tts), audio-start/stop of the
             # mic, pong, played: nothing to do in duplex mode.
 
@@ -324,16 +329,28 @@ class WyomingSatelliteLink:
         if self.session is not None:
             self.session.feed_mic(pcm)
         stream = self._wake_stream
-        if stream is not None and stream.feed(pcm):
-            loop = asyncio.get_running_loop()
+        if stream is None or not stream.feed(pcm):
+            return
+        loop = asyncio.get_running_loop()
+        while stream.frames_ready:
             try:
                 detection = await loop.run_in_executor(None, stream.process)
             except Exception as err:  # noqa: BLE001 - the wake word is lost, not the link
                 self.stats.wake_errors += 1
                 _LOGGER.error("Wake word detection failed: %s", type(err).__name__)
                 return
-            if detection is not None:
-                await self._wake_detected()
+            if detection is None:
+                return
+            last = self._last_wake_ms
+            if (
+                last is not None
+                and detection.audio_ms - last < self.link_options.wake_refractory_ms
+            ):
+                continue  # the same phrase, scored again by the next frame
+            self._last_wake_ms = detection.audio_ms
+            await self._wake_detected()
+            if stream is not self._wake_stream:
+                return
 
     async def _wake_detected(self) -> None:
         session = self.session
@@ -400,26 +417,24 @@ class WyomingSatelliteLink:
             task.add_done_callback(self._closing.discard)
 
     async def _send_frame(self, frame: bytes) -> None:
-        client = self._client
-        if client is None:
+        if self._client is None:
             return  # disconnected: the frame is lost, as on a speaker that went away
         if not self._audio_open:
             if self._stop_task is not None and not self._stop_task.done():
                 await asyncio.shield(self._stop_task)
             self._audio_open = True
             self.stats.audio_streams += 1
-            await client.write_event(
+            await self._write(
                 AudioStart(
                     rate=SAMPLE_RATE, width=SAMPLE_WIDTH, channels=CHANNELS
                 ).event()
             )
-        await client.write_event(
-            AudioChunk(
-                rate=SAMPLE_RATE, width=SAMPLE_WIDTH, channels=CHANNELS, audio=frame
-            ).event()
+        chunk = AudioChunk(
+            rate=SAMPLE_RATE, width=SAMPLE_WIDTH, channels=CHANNELS, audio=frame
         )
-        self.stats.frames_sent += 1
-        self.stats.last_frame_sent_at = time.monotonic()
+        if await self._write(chunk.event()):
+            self.stats.frames_sent += 1
+            self.stats.last_frame_sent_at = time.monotonic()
 
     async def _audio_stop(self) -> None:
         if not self._audio_open:
@@ -428,13 +443,24 @@ class WyomingSatelliteLink:
         await self._write_audio_stop()
 
     async def _write_audio_stop(self) -> None:
+        await self._write(AudioStop().event())
+
+    async def _write(self, event: Event) -> bool:
+        """Write an event; False when the connection is gone (the reader reconnects)."""
         client = self._client
-        if client is not None:
-            with contextlib.suppress(OSError):
-                await client.write_event(AudioStop().event())
+        if client is None:
+            return False
+        try:
+            await client.write_event(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a closed transport raises several types
+            return False
+        return True
 
     async def _close_wake_stream(self) -> None:
         stream, self._wake_stream = self._wake_stream, None
+        self._last_wake_ms = None
         if stream is not None:
             await asyncio.get_running_loop().run_in_executor(None, stream.close)
 

@@ -398,7 +398,9 @@ async def test_device_action_runs_then_completes(sat_python, wake_engine) -> Non
     """A tool call runs while the satellite streams; its result is spoken."""
     async with rig(sat_python, wake_engine) as r:
         r.peer.enqueue(
-            Text("One moment. "),
+            # "!" ends a sentence at once; a "." waits for the next character, which
+            # comes after the tool (see duplex/sentences.py).
+            Text("One moment! "),
             ScriptedToolCall(
                 "call_1", "turn_on", json.dumps({"entity_id": "light.kitchen"})
             ),
@@ -424,7 +426,7 @@ async def test_satellite_killed_and_restarted_mid_conversation(
     """The satellite dies while answering: the round stops, the link reconnects, works."""
     async with rig(sat_python, wake_engine) as r:
         hold = asyncio.Event()
-        r.peer.enqueue(Text("Once upon a time there was a kitchen. "), WaitFor(hold))
+        r.peer.enqueue(Text(STORY[:100]), WaitFor(hold))
         r.peer.enqueue(Text("It is noon."))
         await say(r, WAKE)
         await r.states.wait_for(LinkState.CONVERSING)
