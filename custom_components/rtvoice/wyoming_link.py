@@ -48,10 +48,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import enum
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
@@ -122,6 +121,8 @@ class LinkStats:
     audio_streams: int = 0  # audio-start .. audio-stop sent
     frames_sent: int = 0
     last_frame_sent_at: float | None = None  # loop time
+    # Per audio stream closed (answer ended or cut): when its last frame was sent.
+    stream_last_frame_at: list[float | None] = field(default_factory=list)
     wake_errors: int = 0
 
 
@@ -205,6 +206,11 @@ class WyomingSatelliteLink:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"rtvoice wyoming {self.host}:{self.port}"
             )
+
+    @property
+    def idle(self) -> bool:
+        """Return True when no task of the link runs (after ``aclose``)."""
+        return self._task is None and not self._closing and self.session is None
 
     async def wait_connected(self) -> None:
         """Return once the satellite streams to this link (tests, setup)."""
@@ -409,6 +415,7 @@ class WyomingSatelliteLink:
             # The answer ended or was cut: close the satellite's audio stream. The
             # next answer's audio-start waits for this audio-stop to be written.
             self._audio_open = False
+            self.stats.stream_last_frame_at.append(self.stats.last_frame_sent_at)
             task = asyncio.get_running_loop().create_task(
                 self._write_audio_stop(), name="rtvoice wyoming audio stop"
             )
@@ -434,12 +441,13 @@ class WyomingSatelliteLink:
         )
         if await self._write(chunk.event()):
             self.stats.frames_sent += 1
-            self.stats.last_frame_sent_at = time.monotonic()
+            self.stats.last_frame_sent_at = asyncio.get_running_loop().time()
 
     async def _audio_stop(self) -> None:
         if not self._audio_open:
             return
         self._audio_open = False
+        self.stats.stream_last_frame_at.append(self.stats.last_frame_sent_at)
         await self._write_audio_stop()
 
     async def _write_audio_stop(self) -> None:

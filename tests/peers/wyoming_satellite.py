@@ -8,7 +8,7 @@
     async with Microphone() as mic, Speaker() as speaker:
         async with WyomingSatellite(python, mic=mic, speaker=speaker) as satellite:
             satellite.host, satellite.port           # give these to the link
-            await mic.say(speak("hey jarvis"))       # real-time pace; returns when fed
+            await mic.say(speak("hey jarvis"))       # real-time pace; when each chunk was fed
             playback = await speaker.wait_for_playback(1)  # .pcm, .first_at, .last_at
             await satellite.kill(); await satellite.start()
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+import contextlib
 from dataclasses import dataclass, field
 import os
 from pathlib import Path
@@ -78,7 +79,7 @@ class Microphone:
         """Not listening yet."""
         self.port = 0
         self._server: asyncio.Server | None = None
-        self._queue: deque[tuple[bytes, asyncio.Future[float]]] = deque()
+        self._queue: deque[tuple[bytes, asyncio.Future[list[float]]]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self.connections = 0
         self.connected = asyncio.Event()
@@ -101,15 +102,13 @@ class Microphone:
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
         await self._server.wait_closed()
 
-    def say(self, pcm: bytes) -> asyncio.Future[float]:
-        """Queue speech; the future gives the loop time its last byte was fed."""
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    def say(self, pcm: bytes) -> asyncio.Future[list[float]]:
+        """Queue speech; the future gives the loop time each 32 ms chunk of it was fed."""
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
         self._queue.append((pcm, future))
         return future
 
@@ -123,13 +122,15 @@ class Microphone:
         self.connected.set()
         loop = asyncio.get_running_loop()
         next_at = loop.time()
-        current: tuple[memoryview, asyncio.Future[float]] | None = None
+        current: tuple[memoryview, asyncio.Future[list[float]]] | None = None
         offset = 0
+        times: list[float] = []
         try:
             while True:
                 if current is None and self._queue:
                     pcm, future = self._queue.popleft()
                     current, offset = (memoryview(pcm), future), 0
+                    times = []
                 if current is not None:
                     chunk = bytes(current[0][offset : offset + CHUNK_BYTES])
                     offset += len(chunk)
@@ -137,10 +138,12 @@ class Microphone:
                 else:
                     chunk = bytes(CHUNK_BYTES)
                 writer.write(chunk)
+                if current is not None:
+                    times.append(loop.time())
                 await writer.drain()
                 if current is not None and offset >= len(current[0]):
                     if not current[1].done():
-                        current[1].set_result(loop.time())
+                        current[1].set_result(times)
                     current = None
                 next_at += CHUNK_MS / 1000
                 await asyncio.sleep(max(0.0, next_at - loop.time()))
@@ -319,7 +322,5 @@ def _snd(port: int) -> None:
 
 
 if __name__ == "__main__":
-    try:
+    with contextlib.suppress(BrokenPipeError, ConnectionError, KeyboardInterrupt):
         {"mic": _mic, "snd": _snd}[sys.argv[1]](int(sys.argv[2]))
-    except (BrokenPipeError, ConnectionError, KeyboardInterrupt):
-        pass
