@@ -288,9 +288,24 @@ class WyomingSatelliteLink:
         await client.write_event(Describe().event())
         await client.write_event(RunSatellite().event())
         if self._wake is not None and self._wake_stream is None:
-            loop = asyncio.get_running_loop()
-            self._wake_stream = await loop.run_in_executor(
-                None, self._wake.open_stream, self._wake_model_ids
+            await self._open_wake_stream(self._wake)
+
+    async def _open_wake_stream(self, engine: WakeWordEngine) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, engine.open_stream, self._wake_model_ids)
+        try:
+            self._wake_stream = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The thread still makes the stream: free it when it is done.
+            future.add_done_callback(_close_stream_later)
+            raise
+        except Exception as err:  # noqa: BLE001 - the satellite's own wake word still works
+            self._wake = None
+            _LOGGER.error(
+                "Wake word detection on the server is unavailable for %s:%s: %s",
+                self.host,
+                self.port,
+                err,
             )
 
     async def _disconnect(self) -> None:
@@ -391,22 +406,30 @@ class WyomingSatelliteLink:
     def _session_ended(self) -> None:
         """Return to the wake word: the session went silent after its last answer."""
         task = asyncio.get_running_loop().create_task(
-            self._end_session(interrupt=False), name="rtvoice wyoming session end"
+            self._end_session(interrupt=False, session=self.session),
+            name="rtvoice wyoming session end",
         )
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _end_session(self, *, interrupt: bool) -> None:
-        session, self.session = self.session, None
+    async def _end_session(
+        self, *, interrupt: bool, session: DuplexSession | None = None
+    ) -> None:
+        """End ``session`` (default: the current one); a newer session is left alone."""
+        if session is None:
+            session = self.session
         if session is None:
             return
+        if self.session is session:
+            self.session = None
         if interrupt and session.state is not SessionState.ENDED:
             # The satellite went away mid-conversation: nothing more will be heard.
             self._rounds.interrupt()
         await session.aclose()
-        await self._audio_stop()
-        if self._client is not None and not self._closed:
-            self._set_state(LinkState.WAITING_FOR_WAKE)
+        if self.session is None:
+            await self._audio_stop()
+            if self._client is not None and not self._closed:
+                self._set_state(LinkState.WAITING_FOR_WAKE)
 
     # --- speaker ----------------------------------------------------------------------
 
@@ -478,3 +501,11 @@ class WyomingSatelliteLink:
         self.state = state
         if self._on_state is not None:
             self._on_state(state)
+
+
+def _close_stream_later(future: asyncio.Future[WakeWordStream]) -> None:
+    """Free a wake word stream whose opener was cancelled (in a worker thread)."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    stream = future.result()
+    asyncio.get_running_loop().run_in_executor(None, stream.close)

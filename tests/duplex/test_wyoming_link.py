@@ -235,6 +235,7 @@ async def rig(
     wake_engine: WakeWordEngine,
     *,
     barge_in: BargeIn = BargeIn.VAD,
+    end_silence_ms: int = 20000,
 ) -> AsyncIterator[Rig]:
     """Run every peer and a started link; tear all down, checking no task is left."""
     tools = Tools()
@@ -259,7 +260,7 @@ async def rig(
             stt=wyoming_stt(stt.host, stt.port),
             tts=wyoming_tts(tts.host, tts.port),
             wake=wake_engine,
-            options=DuplexOptions(barge_in=barge_in, end_silence_ms=20000),
+            options=DuplexOptions(barge_in=barge_in, end_silence_ms=end_silence_ms),
             link_options=LinkOptions(reconnect_min_s=0.2, reconnect_max_s=1.0),
             on_state=states,
         )
@@ -342,6 +343,30 @@ async def test_wake_utterance_answer(sat_python, wake_engine) -> None:
         assert r.link.stats.wakes == 1
         # The speaker's stream ended after the answer was acknowledged as heard.
         assert assistant_texts(r) == ["The kitchen lights are on."]
+
+
+async def test_silence_returns_to_the_wake_word(sat_python, wake_engine) -> None:
+    """Silence after the answer ends the conversation; the next wake opens a new one."""
+    async with rig(sat_python, wake_engine, end_silence_ms=3000) as r:
+        r.peer.enqueue(Text("The kitchen lights are on."))
+        r.peer.enqueue(Text("It is noon."))
+        await say(r, WAKE)
+        await r.states.wait_for(LinkState.CONVERSING)
+        await say(r, ASK_LIGHTS)
+        await r.speaker.wait_for_playback(1)
+        first = r.link.last_session
+        mark = len(r.states.seen)
+        await r.states.wait_for(LinkState.WAITING_FOR_WAKE, mark)
+        assert r.link.session is None
+        assert first is not None and first.state is SessionState.ENDED
+        await say(r, ASK_TIME)  # no wake word: not heard
+        await say(r, WAKE)
+        await r.states.wait_for(LinkState.CONVERSING, mark)
+        await say(r, ASK_TIME)
+        second = await r.speaker.wait_for_playback(2)
+        assert await r.recognise(bytes(second.pcm)) == NOON
+        assert r.link.stats.conversations == 2
+        assert len(r.peer.requests) == 2
 
 
 async def test_utterance_during_answer_cuts_it_and_is_answered(
