@@ -1,0 +1,511 @@
+"""A Wyoming satellite in duplex: the integration as the satellite's TCP client.
+
+HA-free (the ``wyoming`` package and the duplex core only); the config entry, the
+``assist_satellite`` entity and the repair are the HA side (DESIGN §5.5). Like HA's
+``wyoming`` integration (``assist_satellite.py``) the link connects to the satellite,
+asks ``describe`` (keeps its ``info``) and sends ``run-satellite``. A satellite in
+always-streaming mode (``wyoming-satellite`` without ``--vad`` and without a wake
+service) then streams its mic continuously, also while it plays: a duplex peer::
+
+    link = WyomingSatelliteLink(
+        host, port,
+        child=KernelChild(kernel, child_id),   # push / interrupt / acknowledge
+        stt=transcribe, tts=synthesise,        # as for DuplexSession
+        wake=engine,                           # a warmed WakeWordEngine, or None
+        options=DuplexOptions(barge_in=BargeIn.WAKE_WORD),
+    )
+    registry.register_output(name, link.output_handler, ...)  # the kernel's deltas
+    link.start()
+    ...
+    await link.aclose()                        # no task left
+
+Wake word: on the server (``wake``: the openWakeWord engine of ``audio/wakeword.py``,
+its model work in an executor) and/or a ``detection`` event from the satellite (a
+satellite with its own wake service). The first wake opens a ``DuplexSession``; the mic
+goes to it until it ends (silence after the last answer, ``on_end``); a wake word during
+the conversation interrupts the answer in every barge-in mode (``wake_word_detected``).
+The session's frames become ``audio-start``/``audio-chunk``/``audio-stop``; the duplex
+player keeps only ``lead_ms`` queued on the satellite. wyoming-satellite has no
+stop-playback event: a cut sends no more audio, then ``audio-stop``; the satellite
+still plays what it had (the lead, plus the pipe of its ``--snd-command``).
+
+The round of a delta: the kernel's output handler does not say which round a delta
+belongs to yet, so ``output_handler`` uses the seq of the newest push made through
+this link (the duplex core's ticket fallback; the ticket's outcome ends the round).
+Deltas of rounds pushed elsewhere (an ask_parent answer) are therefore not played.
+HOOK: when the kernel exposes the running round's seq inside the output handler and a
+per-round end signal, ``output_handler`` reads the seq there and ``round_ended``
+forwards the end (see ``_RoundTracker``).
+
+Reconnect: a lost connection (EOF, error, no event for ``idle_timeout_s``) closes the
+conversation (the running round is interrupted; what was played stays acknowledged)
+and the link reconnects with exponential backoff (``reconnect_min_s`` doubling up to
+``reconnect_max_s``; reset once a connection delivered audio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+import contextlib
+from dataclasses import dataclass, field
+import enum
+import logging
+from typing import TYPE_CHECKING
+
+from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.ping import Ping, Pong
+from wyoming.satellite import RunSatellite
+from wyoming.wake import Detection as WyomingDetection
+
+from .duplex import (
+    SAMPLE_RATE,
+    ConversationChild,
+    DuplexOptions,
+    DuplexSession,
+    SessionState,
+    SpeechToText,
+    TextToSpeech,
+    TicketLike,
+    UtteranceSegmenter,
+)
+
+if TYPE_CHECKING:
+    from .audio.wakeword import WakeWordEngine, WakeWordStream
+
+_LOGGER = logging.getLogger(__name__)
+
+SAMPLE_WIDTH = 2
+CHANNELS = 1
+_PLAYING = (SessionState.SPEAKING, SessionState.PAUSED, SessionState.RESUMING)
+
+
+class LinkState(enum.StrEnum):
+    """Where the link is."""
+
+    CONNECTING = "connecting"
+    WAITING_FOR_WAKE = "waiting_for_wake"  # connected, streaming, no conversation
+    CONVERSING = "conversing"  # a duplex session owns the mic
+    DISCONNECTED = "disconnected"  # waiting to reconnect
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkOptions:
+    """How the link talks to its satellite."""
+
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 10.0
+    # No event (the mic streams ~16 chunks a second) for this long: the satellite is gone.
+    idle_timeout_s: float = 5.0
+    connect_timeout_s: float = 5.0
+    # openWakeWord scores several 80 ms frames of one phrase above the threshold: one
+    # detection per this much audio (server-side wake word).
+    wake_refractory_ms: int = 1500
+
+
+@dataclass
+class LinkStats:
+    """Counters of one link (diagnostics, tests, benchmarks)."""
+
+    connects: int = 0
+    disconnects: int = 0
+    wakes: int = 0  # wake words that opened a conversation
+    wake_interrupts: int = 0  # wake words during a conversation
+    satellite_detections: int = 0  # of the wakes: detection events from the satellite
+    conversations: int = 0
+    mic_chunks: int = 0
+    audio_streams: int = 0  # audio-start .. audio-stop sent
+    frames_sent: int = 0
+    last_frame_sent_at: float | None = None  # loop time
+    # Per audio stream closed (answer ended or cut): when its last frame was sent.
+    stream_last_frame_at: list[float | None] = field(default_factory=list)
+    wake_errors: int = 0
+
+
+class _RoundTracker:
+    """The kernel child as the session sees it, remembering the newest pushed round."""
+
+    def __init__(self, child: ConversationChild) -> None:
+        self.child = child
+        self.seq: int | None = None
+
+    def push(self, text: str) -> TicketLike:
+        ticket = self.child.push(text)
+        self.seq = ticket.seq
+        return ticket
+
+    def interrupt(self) -> object:
+        return self.child.interrupt()
+
+    def acknowledge(self, seq: int, chars: int, *, final: bool = False) -> object:
+        return self.child.acknowledge(seq, chars, final=final)
+
+
+class WyomingSatelliteLink:
+    """One Wyoming satellite: connection, wake word, and its duplex conversations."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        child: ConversationChild,
+        stt: SpeechToText,
+        tts: TextToSpeech,
+        wake: WakeWordEngine | None = None,
+        wake_model_ids: list[str] | None = None,
+        satellite_wake: bool = True,
+        options: DuplexOptions | None = None,
+        link_options: LinkOptions | None = None,
+        on_state: Callable[[LinkState], None] | None = None,
+    ) -> None:
+        """Bind the satellite's address and the conversation's peers.
+
+        ``wake``: a warmed engine for wake words on the server (None: only the
+        satellite's ``detection`` events wake it, if ``satellite_wake``).
+        """
+        self.host = host
+        self.port = port
+        self._rounds = _RoundTracker(child)
+        self._stt = stt
+        self._tts = tts
+        self._wake = wake
+        self._wake_model_ids = wake_model_ids
+        self._satellite_wake = satellite_wake
+        self.options = options if options is not None else DuplexOptions()
+        self.link_options = link_options if link_options is not None else LinkOptions()
+        self._on_state = on_state
+        self.state = LinkState.DISCONNECTED
+        self.stats = LinkStats()
+        self.info: Info | None = None
+        self.session: DuplexSession | None = None
+        self.last_session: DuplexSession | None = None
+        self._client: AsyncTcpClient | None = None
+        self._converter = AudioChunkConverter(SAMPLE_RATE, SAMPLE_WIDTH, CHANNELS)
+        self._wake_stream: WakeWordStream | None = None
+        self._last_wake_ms: int | None = None  # stream audio position of the last wake
+        self._segmenter: UtteranceSegmenter | None = None
+        self._audio_open = False  # audio-start sent, audio-stop not yet
+        self._stop_task: asyncio.Task[None] | None = None  # audio-stop being written
+        self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._connected = asyncio.Event()
+        self._closed = False
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start connecting (idempotent)."""
+        if self._closed:
+            raise RuntimeError("the link is closed")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"rtvoice wyoming {self.host}:{self.port}"
+            )
+
+    @property
+    def idle(self) -> bool:
+        """Return True when no task of the link runs (after ``aclose``)."""
+        return self._task is None and not self._closing and self.session is None
+
+    async def wait_connected(self) -> None:
+        """Return once the satellite streams to this link (tests, setup)."""
+        await self._connected.wait()
+
+    async def aclose(self) -> None:
+        """Disconnect and end the conversation; no task is left. Idempotent."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # A cancelled _run() may have left its cleanup to us.
+        await self._end_session(interrupt=True)
+        while self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._disconnect()
+        await self._close_wake_stream()
+        self._set_state(LinkState.CLOSED)
+
+    # --- the kernel's output side ---------------------------------------------------------
+
+    def output_handler(self, delta: str) -> None:
+        """Take a text delta from the kernel's output channel of this satellite.
+
+        HOOK: read the round's seq from the kernel here once it exposes it.
+        """
+        seq = self._rounds.seq
+        if self.session is not None and seq is not None:
+            self.session.output_delta(seq, delta)
+
+    def round_ended(self, seq: int) -> None:
+        """Round ``seq`` emits no more text (HOOK for the kernel's per-round end)."""
+        if self.session is not None:
+            self.session.output_end(seq)
+
+    # --- connection loop ---------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = self.link_options.reconnect_min_s
+        while True:
+            self._set_state(LinkState.CONNECTING)
+            streamed = False
+            try:
+                await self._connect()
+                self.stats.connects += 1
+                streamed = await self._serve()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - any failure: reconnect
+                _LOGGER.debug(
+                    "Wyoming satellite %s:%s: %s",
+                    self.host,
+                    self.port,
+                    type(err).__name__,
+                )
+            finally:
+                self._connected.clear()
+                await self._disconnect()
+                await self._end_session(interrupt=True)
+            self.stats.disconnects += 1
+            self._set_state(LinkState.DISCONNECTED)
+            if streamed:
+                backoff = self.link_options.reconnect_min_s
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.link_options.reconnect_max_s)
+
+    async def _connect(self) -> None:
+        client = AsyncTcpClient(self.host, self.port)
+        async with asyncio.timeout(self.link_options.connect_timeout_s):
+            await client.connect()
+        self._client = client
+        self._audio_open = False
+        await client.write_event(Describe().event())
+        await client.write_event(RunSatellite().event())
+        if self._wake is not None and self._wake_stream is None:
+            await self._open_wake_stream(self._wake)
+
+    async def _open_wake_stream(self, engine: WakeWordEngine) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, engine.open_stream, self._wake_model_ids)
+        try:
+            self._wake_stream = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The thread still makes the stream: free it when it is done.
+            future.add_done_callback(_close_stream_later)
+            raise
+        except Exception as err:  # noqa: BLE001 - the satellite's own wake word still works
+            self._wake = None
+            _LOGGER.error(
+                "Wake word detection on the server is unavailable for %s:%s: %s",
+                self.host,
+                self.port,
+                err,
+            )
+
+    async def _disconnect(self) -> None:
+        client, self._client = self._client, None
+        self._audio_open = False
+        if client is not None:
+            with contextlib.suppress(OSError):
+                await client.disconnect()
+
+    async def _serve(self) -> bool:
+        """Read events until the connection ends; return True if audio arrived."""
+        client = self._client
+        assert client is not None
+        self._set_state(LinkState.WAITING_FOR_WAKE)
+        streamed = False
+        while True:
+            async with asyncio.timeout(self.link_options.idle_timeout_s):
+                event = await client.read_event()
+            if event is None:
+                return streamed
+            if AudioChunk.is_type(event.type):
+                if not streamed:
+                    streamed = True
+                    self._connected.set()
+                await self._mic(AudioChunk.from_event(event))
+            elif WyomingDetection.is_type(event.type):
+                if self._satellite_wake:
+                    self.stats.satellite_detections += 1
+                    await self._wake_detected()
+            elif Info.is_type(event.type):
+                self.info = Info.from_event(event)
+            elif Ping.is_type(event.type):
+                await self._write(Pong(text=Ping.from_event(event).text).event())
+            # run-pipeline (the satellite asks for wake → tts), audio-start/stop of the
+            # mic, pong, played: nothing to do in duplex mode.
+
+    # --- mic -------------------------------------------------------------------------
+
+    async def _mic(self, chunk: AudioChunk) -> None:
+        self.stats.mic_chunks += 1
+        pcm = self._converter.convert(chunk).audio
+        if self.session is not None:
+            self.session.feed_mic(pcm)
+        stream = self._wake_stream
+        if stream is None or not stream.feed(pcm):
+            return
+        loop = asyncio.get_running_loop()
+        while stream.frames_ready:
+            try:
+                detection = await loop.run_in_executor(None, stream.process)
+            except Exception as err:  # noqa: BLE001 - the wake word is lost, not the link
+                self.stats.wake_errors += 1
+                _LOGGER.error("Wake word detection failed: %s", type(err).__name__)
+                return
+            if detection is None:
+                return
+            last = self._last_wake_ms
+            if (
+                last is not None
+                and detection.audio_ms - last < self.link_options.wake_refractory_ms
+            ):
+                continue  # the same phrase, scored again by the next frame
+            self._last_wake_ms = detection.audio_ms
+            await self._wake_detected()
+            if stream is not self._wake_stream:
+                return
+
+    async def _wake_detected(self) -> None:
+        session = self.session
+        if session is not None and session.state is not SessionState.ENDED:
+            self.stats.wake_interrupts += 1
+            session.wake_word_detected()
+            return
+        self.stats.wakes += 1
+        await self._open_session()
+
+    async def _open_session(self) -> None:
+        if self._segmenter is None:
+            loop = asyncio.get_running_loop()
+            # Loads and warms the VAD: blocking, once per link.
+            self._segmenter = await loop.run_in_executor(None, UtteranceSegmenter)
+        else:
+            self._segmenter.restart()
+        self.stats.conversations += 1
+        session = DuplexSession(
+            self._rounds,
+            stt=self._stt,
+            tts=self._tts,
+            send=self._send_frame,
+            options=self.options,
+            segmenter=self._segmenter,
+            on_end=self._session_ended,
+            on_state=self._session_state,
+        )
+        self.session = self.last_session = session
+        self._set_state(LinkState.CONVERSING)
+
+    def _session_ended(self) -> None:
+        """Return to the wake word: the session went silent after its last answer."""
+        task = asyncio.get_running_loop().create_task(
+            self._end_session(interrupt=False, session=self.session),
+            name="rtvoice wyoming session end",
+        )
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _end_session(
+        self, *, interrupt: bool, session: DuplexSession | None = None
+    ) -> None:
+        """End ``session`` (default: the current one); a newer session is left alone."""
+        if session is None:
+            session = self.session
+        if session is None:
+            return
+        if self.session is session:
+            self.session = None
+        if interrupt and session.state is not SessionState.ENDED:
+            # The satellite went away mid-conversation: nothing more will be heard.
+            self._rounds.interrupt()
+        await session.aclose()
+        if self.session is None:
+            await self._audio_stop()
+            if self._client is not None and not self._closed:
+                self._set_state(LinkState.WAITING_FOR_WAKE)
+
+    # --- speaker ----------------------------------------------------------------------
+
+    def _session_state(self, state: SessionState) -> None:
+        if state not in _PLAYING and self._audio_open:
+            # The answer ended or was cut: close the satellite's audio stream. The
+            # next answer's audio-start waits for this audio-stop to be written.
+            self._audio_open = False
+            self.stats.stream_last_frame_at.append(self.stats.last_frame_sent_at)
+            task = asyncio.get_running_loop().create_task(
+                self._write_audio_stop(), name="rtvoice wyoming audio stop"
+            )
+            self._stop_task = task
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _send_frame(self, frame: bytes) -> None:
+        if self._client is None:
+            return  # disconnected: the frame is lost, as on a speaker that went away
+        if not self._audio_open:
+            if self._stop_task is not None and not self._stop_task.done():
+                await asyncio.shield(self._stop_task)
+            self._audio_open = True
+            self.stats.audio_streams += 1
+            await self._write(
+                AudioStart(
+                    rate=SAMPLE_RATE, width=SAMPLE_WIDTH, channels=CHANNELS
+                ).event()
+            )
+        chunk = AudioChunk(
+            rate=SAMPLE_RATE, width=SAMPLE_WIDTH, channels=CHANNELS, audio=frame
+        )
+        if await self._write(chunk.event()):
+            self.stats.frames_sent += 1
+            self.stats.last_frame_sent_at = asyncio.get_running_loop().time()
+
+    async def _audio_stop(self) -> None:
+        if not self._audio_open:
+            return
+        self._audio_open = False
+        self.stats.stream_last_frame_at.append(self.stats.last_frame_sent_at)
+        await self._write_audio_stop()
+
+    async def _write_audio_stop(self) -> None:
+        await self._write(AudioStop().event())
+
+    async def _write(self, event: Event) -> bool:
+        """Write an event; False when the connection is gone (the reader reconnects)."""
+        client = self._client
+        if client is None:
+            return False
+        try:
+            await client.write_event(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a closed transport raises several types
+            return False
+        return True
+
+    async def _close_wake_stream(self) -> None:
+        stream, self._wake_stream = self._wake_stream, None
+        self._last_wake_ms = None
+        if stream is not None:
+            await asyncio.get_running_loop().run_in_executor(None, stream.close)
+
+    def _set_state(self, state: LinkState) -> None:
+        if state is self.state:
+            return
+        self.state = state
+        if self._on_state is not None:
+            self._on_state(state)
+
+
+def _close_stream_later(future: asyncio.Future[WakeWordStream]) -> None:
+    """Free a wake word stream whose opener was cancelled (in a worker thread)."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    stream = future.result()
+    asyncio.get_running_loop().run_in_executor(None, stream.close)
