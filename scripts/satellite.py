@@ -1,0 +1,519 @@
+"""A virtual ESP32 voice satellite for a running ``scripts/develop`` (no hardware).
+
+Starts, in this process, an emulated ESPHome voice satellite (``tests/peers/esphome``,
+a Voice PE without its speaker: TTS is fetched over HTTP as the real one does) and
+the offline Wyoming speech servers (``tests/peers/wyoming_speech``: pocketsphinx for
+known phrases, espeak-ng), then adds them to Home Assistant through its own API, as a
+user would in the UI:
+
+- the two Wyoming services (config flow of HA's ``wyoming`` integration),
+- a Realtime Voice agent (the first one configured, else a new entry whose brain is
+  HA's built-in agent, so no model or API key is needed),
+- an Assist pipeline "Virtual satellite" (Wyoming STT -> Realtime Voice -> Wyoming
+  TTS), selected on the satellite's own "Assistant" select (other satellites and the
+  preferred pipeline are left alone),
+- the satellite (config flow of HA's ``esphome`` integration).
+
+Running it again reuses all of these (the ESPHome entry is matched by the device's
+MAC and gets the new port; Wyoming entries by their program names; the pipeline by
+its name). Then it says phrases through the satellite (``--say``, or typed at the
+prompt) and prints what HA recognised, the answer, timings, and writes the answer
+audio to a WAV file. While it runs, HA's device page shows the satellite as it shows
+a real one (state, pipeline, wake word, mute switch, media player).
+
+Recognition is for known phrases only (a grammar of ``--phrase``s, the demo's
+commands and what is said), not general speech recognition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+import itertools
+import os
+from pathlib import Path
+import sys
+from typing import Any
+import wave
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiohttp
+from yarl import URL
+
+from tests.peers.esphome import EmulatedDevice, EventType, Run
+from tests.peers.speech import speak
+from tests.peers.wyoming_speech import (
+    STT_PROGRAM,
+    TTS_PROGRAM,
+    WyomingSttServer,
+    WyomingTtsServer,
+)
+
+RTVOICE = "rtvoice"
+PIPELINE_NAME = "Virtual satellite"
+DEFAULT_PHRASES = [
+    "turn on the kitchen lights",
+    "turn off the kitchen lights",
+    "turn on the living room lights",
+    "turn off the living room lights",
+    "what time is it",
+    "stop",
+]
+TOKEN_HELP = """\
+A long-lived access token: in Home Assistant open your user profile (click your
+name at the bottom left, or http://localhost:8123/profile/security), tab
+"Security", "Long-lived access tokens", "Create token"; copy it once shown.
+Pass it as --token or in the environment variable HASS_TOKEN."""
+RUN_TIMEOUT = 60.0  # seconds: a safety net for one spoken request
+
+
+class HassError(Exception):
+    """Home Assistant refused a request."""
+
+
+class Hass:
+    """The REST and websocket API of a running Home Assistant."""
+
+    def __init__(self, url: str, token: str, session: aiohttp.ClientSession) -> None:
+        """Talk to ``url`` with ``token``."""
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._session = session
+        self._token = token
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ids = itertools.count(1)
+
+    async def rest(self, method: str, path: str, json: Any = None) -> Any:
+        """Call ``/api/<path>``; raise ``HassError`` unless it answers 2xx."""
+        async with self._session.request(
+            method, f"{self.url}/api/{path}", json=json, headers=self._headers
+        ) as response:
+            if response.status == 401:
+                raise HassError(f"the token was refused (HTTP 401).\n{TOKEN_HELP}")
+            if response.status >= 300:
+                text = await response.text()
+                raise HassError(f"{method} /api/{path}: HTTP {response.status} {text}")
+            return await response.json()
+
+    async def ws(self, kind: str, **data: Any) -> Any:
+        """One websocket command; its result."""
+        if self._ws is None:
+            self._ws = await self._session.ws_connect(f"{self.url}/api/websocket")
+            await self._ws.receive_json()  # auth_required
+            await self._ws.send_json({"type": "auth", "access_token": self._token})
+            answer = await self._ws.receive_json()
+            if answer["type"] != "auth_ok":
+                raise HassError(f"websocket: {answer}.\n{TOKEN_HELP}")
+        message_id = next(self._ids)
+        await self._ws.send_json({"id": message_id, "type": kind, **data})
+        while True:
+            answer = await self._ws.receive_json()
+            if answer.get("id") == message_id and answer["type"] == "result":
+                break
+        if not answer["success"]:
+            raise HassError(f"{kind}: {answer['error']}")
+        return answer["result"]
+
+    async def close(self) -> None:
+        """Close the websocket."""
+        if self._ws is not None:
+            await self._ws.close()
+
+    async def flow(self, handler: str, *steps: dict[str, Any]) -> dict[str, Any]:
+        """Run a config flow through ``steps`` (stops early at its end)."""
+        result = await self.rest(
+            "POST", "config/config_entries/flow", {"handler": handler}
+        )
+        for step in steps:
+            if result["type"] not in ("form", "menu"):
+                break
+            if result.get("errors"):
+                raise HassError(f"{handler} flow: {result['errors']}")
+            result = await self.rest(
+                "POST", f"config/config_entries/flow/{result['flow_id']}", step
+            )
+        if result.get("errors"):
+            raise HassError(f"{handler} flow: {result['errors']}")
+        done: dict[str, Any] = result
+        return done
+
+    async def entries(self, domain: str) -> list[dict[str, Any]]:
+        """Config entries of ``domain``."""
+        entries: list[dict[str, Any]] = await self.rest(
+            "GET", f"config/config_entries/entry?domain={domain}"
+        )
+        return entries
+
+    async def entities(self) -> list[dict[str, Any]]:
+        """Return the entity registry."""
+        entities: list[dict[str, Any]] = await self.ws("config/entity_registry/list")
+        return entities
+
+
+async def ensure_wyoming(hass: Hass, title: str, port: int) -> str:
+    """Return the entry id of Wyoming service ``title`` (added on ``port`` if missing)."""
+    for entry in await hass.entries("wyoming"):
+        if entry["title"] == title:
+            if entry["state"] != "loaded":  # HA started while the server was down
+                await hass.rest(
+                    "POST", f"config/config_entries/entry/{entry['entry_id']}/reload"
+                )
+            return str(entry["entry_id"])
+    result = await hass.flow("wyoming", {"host": "127.0.0.1", "port": port})
+    if result["type"] != "create_entry":
+        raise HassError(f"wyoming flow for {title}: {result}")
+    return str(result["result"]["entry_id"])
+
+
+async def ensure_agent(hass: Hass, agent: str | None) -> str:
+    """Return the Realtime Voice agent entity (a new ha_agent-brain entry if none)."""
+    if agent is not None:
+        return agent
+    ours = [
+        e["entity_id"]
+        for e in await hass.entities()
+        if e["platform"] == RTVOICE and e["entity_id"].startswith("conversation.")
+    ]
+    if ours:
+        return str(min(ours))
+    result = await hass.flow(
+        RTVOICE,
+        {"next_step_id": "ha_agent"},
+        {"name": "Realtime Voice", "agent_id": "conversation.home_assistant"},
+    )
+    if result["type"] != "create_entry":
+        raise HassError(f"Realtime Voice flow: {result}")
+    entry_id = result["result"]["entry_id"]
+    for _ in range(50):  # the entity appears once the entry has set up
+        for e in await hass.entities():
+            if e["config_entry_id"] == entry_id and e["entity_id"].startswith(
+                "conversation."
+            ):
+                return str(e["entity_id"])
+        await asyncio.sleep(0.2)
+    raise HassError("the Realtime Voice entry made no conversation entity")
+
+
+async def ensure_esphome(hass: Hass, device: EmulatedDevice) -> str:
+    """Add the emulated satellite (or point its entry at the new port); entry id."""
+    result = await hass.flow("esphome", {"host": device.host, "port": device.port})
+    if result["type"] == "create_entry":
+        return str(result["result"]["entry_id"])
+    if result.get("reason") != "already_configured":
+        raise HassError(f"esphome flow: {result}")
+    for entry in await hass.entries("esphome"):
+        if entry["title"] == device.config.friendly_name:
+            return str(entry["entry_id"])
+    raise HassError("esphome says already configured, but the entry is not found")
+
+
+def entity_of(
+    entities: list[dict[str, Any]], entry_id: str, domain: str, suffix: str = ""
+) -> str:
+    """Return the ``domain`` entity an entry made (unique id ending in ``suffix``)."""
+    for e in entities:
+        if (
+            e["config_entry_id"] == entry_id
+            and e["entity_id"].startswith(f"{domain}.")
+            and str(e["unique_id"]).endswith(suffix)
+        ):
+            return str(e["entity_id"])
+    raise HassError(f"no {domain} entity for entry {entry_id}")
+
+
+async def ensure_pipeline(hass: Hass, stt: str, tts: str, agent: str) -> str:
+    """Create or update the pipeline; its id."""
+    fields = {
+        "name": PIPELINE_NAME,
+        "language": "en",
+        "conversation_engine": agent,
+        "conversation_language": "en",
+        "stt_engine": stt,
+        "stt_language": "en",
+        "tts_engine": tts,
+        "tts_language": "en",
+        "tts_voice": None,
+        "wake_word_entity": None,
+        "wake_word_id": None,
+    }
+    listing = await hass.ws("assist_pipeline/pipeline/list")
+    for pipeline in listing["pipelines"]:
+        if pipeline["name"] == PIPELINE_NAME:
+            await hass.ws(
+                "assist_pipeline/pipeline/update",
+                pipeline_id=pipeline["id"],
+                **fields,
+            )
+            return str(pipeline["id"])
+    created = await hass.ws("assist_pipeline/pipeline/create", **fields)
+    return str(created["id"])
+
+
+async def ensure_reachable_url(hass: Hass) -> str | None:
+    """Make HA's internal URL one the satellite can fetch answers from.
+
+    A satellite fetches TTS from HA's internal URL (by default the machine's network
+    address). ``scripts/develop`` listens on 127.0.0.1 unless ``RTVOICE_DEV_HOST`` says
+    otherwise; then that address is unreachable and the internal URL is set to the one
+    this script uses. Returns a note on what was changed, if anything.
+    """
+    urls = await hass.ws("network/url")
+    internal = urls.get("internal")
+    if internal:
+        url = URL(internal)
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(url.host, url.port), 3
+            )
+        except (OSError, TimeoutError):
+            pass
+        else:
+            writer.close()
+            return None
+    await hass.ws("config/core/update", internal_url=hass.url)
+    return (
+        f"HA's internal URL {internal} is not reachable (HA listens on 127.0.0.1):"
+        f" set it to {hass.url} (Settings > System > Network) so the satellite can"
+        " fetch answers"
+    )
+
+
+@dataclass
+class Setup:
+    """What was added to Home Assistant."""
+
+    agent: str
+    stt: str
+    tts: str
+    satellite: str
+    device_url: str
+    note: str | None
+
+
+async def set_up(
+    hass: Hass,
+    device: EmulatedDevice,
+    stt_port: int,
+    tts_port: int,
+    agent: str | None,
+) -> Setup:
+    """Add (or reuse) everything; wait until HA owns the satellite's voice assistant."""
+    note = await ensure_reachable_url(hass)
+    stt_entry = await ensure_wyoming(hass, STT_PROGRAM, stt_port)
+    tts_entry = await ensure_wyoming(hass, TTS_PROGRAM, tts_port)
+    agent_entity = await ensure_agent(hass, agent)
+    esphome_entry = await ensure_esphome(hass, device)
+    await asyncio.wait_for(device.wait_for_voice_client(), 30)
+    entities: list[dict[str, Any]] = []
+    for _ in range(50):  # entity registration follows the connection closely
+        entities = await hass.entities()
+        try:
+            stt = entity_of(entities, stt_entry, "stt")
+            tts = entity_of(entities, tts_entry, "tts")
+            satellite = entity_of(entities, esphome_entry, "assist_satellite")
+            select = entity_of(entities, esphome_entry, "select", "-pipeline")
+            break
+        except HassError:
+            await asyncio.sleep(0.2)
+    else:
+        raise HassError("HA made no stt/tts/satellite entities")
+    await ensure_pipeline(hass, stt, tts, agent_entity)
+    await hass.rest(
+        "POST",
+        "services/select/select_option",
+        {"entity_id": select, "option": PIPELINE_NAME},
+    )
+    devices = await hass.ws("config/device_registry/list")
+    [device_id] = [d["id"] for d in devices if esphome_entry in d["config_entries"]]
+    return Setup(
+        agent_entity,
+        stt,
+        tts,
+        satellite,
+        f"{hass.url}/config/devices/device/{device_id}",
+        note,
+    )
+
+
+def write_wav(path: Path, device: EmulatedDevice) -> float | None:
+    """Write the last answer the speaker played to ``path``; its seconds."""
+    if not device.playbacks:
+        return None
+    playback = device.playbacks[-1]
+    if playback.format is not None and playback.format.codec == "wav":
+        path.write_bytes(bytes(playback.data))
+        try:
+            with wave.open(str(path), "rb") as wav:
+                return wav.getnframes() / wav.getframerate()
+        except (wave.Error, EOFError):
+            return None
+    rate = (playback.format.sample_rate if playback.format else 0) or 16000
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(playback.pcm)
+    return len(playback.pcm) / 2 / rate
+
+
+def _ms(start: float | None, end: float | None) -> str:
+    if start is None or end is None:
+        return "-"
+    return f"{(end - start) * 1e3:.0f} ms"
+
+
+async def say(
+    device: EmulatedDevice, stt_server: WyomingSttServer, text: str, wav: Path
+) -> bool:
+    """Say ``text`` through the satellite; print what happened. True when answered."""
+    if text not in stt_server.phrases:
+        await stt_server.set_phrases([*stt_server.phrases, text])
+    pcm = await asyncio.to_thread(speak, text)
+    played = len(device.playbacks)
+    run = device.say(pcm)
+    if run is None:
+        print("  the satellite is busy (a run is going); try again")
+        return False
+    try:
+        await asyncio.wait_for(run.ended.wait(), RUN_TIMEOUT)
+    except TimeoutError:
+        print(f"  no end of the run within {RUN_TIMEOUT:.0f} s")
+        return False
+    return report(device, run, played, wav)
+
+
+def report(device: EmulatedDevice, run: Run, played: int, wav: Path) -> bool:
+    """Print what the satellite heard for ``run``."""
+    events = {e.detail["type"]: e for e in run.events}
+
+    def text(kind: EventType) -> str | None:
+        entry = events.get(kind)
+        return None if entry is None else entry.detail["data"].get("text")
+
+    if EventType.ERROR in events:
+        data = events[EventType.ERROR].detail["data"]
+        print(f"  error: {data.get('code')}: {data.get('message')}")
+    print(f"  recognised: {text(EventType.STT_END)!r}")
+    print(f"  answer:     {text(EventType.TTS_START)!r}")
+    end = run.last_speech_frame_at
+    playback = device.playbacks[-1] if len(device.playbacks) > played else None
+
+    def at(kind: EventType) -> float | None:
+        entry = events.get(kind)
+        return None if entry is None else entry.at
+
+    first = None if playback is None else playback.first_byte_at
+    last = None if playback is None else playback.last_byte_at
+    print(
+        "  timings from the end of the spoken clip:"
+        f" end of speech detected {_ms(end, at(EventType.STT_VAD_END))},"
+        f" recognised {_ms(end, at(EventType.STT_END))},"
+        f" answered {_ms(end, at(EventType.INTENT_END))},"
+        f" audio ready {_ms(end, at(EventType.TTS_END))},"
+        f" first audio byte {_ms(end, first)},"
+        f" last audio byte {_ms(end, last)}"
+    )
+    if playback is None or playback.first_byte_at is None:
+        why = "none" if playback is None else f"{playback.url}: {playback.error}"
+        print(f"  no answer audio ({why})")
+        return False
+    seconds = write_wav(wav, device)
+    print(f"  answer audio: {wav} ({seconds or 0:.1f} s)")
+    return True
+
+
+async def main(args: argparse.Namespace) -> int:
+    """Set up, say, report."""
+    token = args.token or os.environ.get("HASS_TOKEN")
+    if not token:
+        print(f"error: no token.\n{TOKEN_HELP}", file=sys.stderr)
+        return 2
+    phrases = list(dict.fromkeys([*DEFAULT_PHRASES, *args.phrase, *args.say]))
+    async with (
+        aiohttp.ClientSession() as session,
+        WyomingSttServer(phrases, port=args.stt_port, record=False) as stt_server,
+        WyomingTtsServer(port=args.tts_port, record=False),
+        EmulatedDevice(
+            name="virtual-satellite",
+            friendly_name="Virtual Satellite",
+            mac_address="02:00:00:5A:7E:01",
+            model="Virtual satellite (scripts/satellite)",
+            manufacturer="Realtime Voice",
+        ) as device,
+    ):
+        hass = Hass(args.url, token, session)
+        try:
+            setup = await set_up(hass, device, args.stt_port, args.tts_port, args.agent)
+        except (HassError, aiohttp.ClientError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        finally:
+            await hass.close()
+        if setup.note:
+            print(f"note: {setup.note}")
+        print(
+            f"Virtual satellite {setup.satellite} is connected to {hass.url}\n"
+            f"  pipeline {PIPELINE_NAME!r}: {setup.stt} -> {setup.agent} -> {setup.tts}\n"
+            f"  device page (live state, like a real satellite): {setup.device_url}"
+        )
+        wav = Path(args.wav)
+        ok = True
+        for text in args.say:
+            print(f"> {text}")
+            ok = await say(device, stt_server, text, wav) and ok
+        if args.say:
+            return 0 if ok else 1
+        print("Type a phrase and Enter to say it (Ctrl-D to quit).")
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "say> ")
+            except EOFError:
+                return 0
+            if line.strip():
+                await say(device, stt_server, line.strip(), wav)
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="scripts/satellite",
+        description=__doc__,
+        epilog=TOKEN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--url",
+        default="http://127.0.0.1:8123",
+        help="Home Assistant (scripts/develop)",
+    )
+    parser.add_argument("--token", help="long-lived access token (or HASS_TOKEN)")
+    parser.add_argument(
+        "--say",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="say TEXT and exit (repeatable); without it, phrases are read at a prompt",
+    )
+    parser.add_argument(
+        "--phrase",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="another phrase the speech recogniser should know (repeatable)",
+    )
+    parser.add_argument(
+        "--wav", default="satellite-answer.wav", help="where the answer audio goes"
+    )
+    parser.add_argument(
+        "--agent",
+        help="conversation entity of the pipeline (default: the first Realtime Voice"
+        " agent, created with HA's built-in agent as its brain when there is none)",
+    )
+    parser.add_argument("--stt-port", type=int, default=10300)
+    parser.add_argument("--tts-port", type=int, default=10200)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(_parse())))
