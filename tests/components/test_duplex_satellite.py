@@ -253,3 +253,30 @@ async def test_duplex_turn_through_home_assistant(
         assert leftover == []
         assert hass.states.get(satellite).state == STATE_UNAVAILABLE
     assert device.voice.errors == []
+
+
+async def test_remove_duplex_satellite_keeps_the_others(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The remove step lists the stored satellites and drops the chosen one."""
+    entry = openai_entry(hass, openai_peer)
+    async with (
+        duplex_device(encrypted=True) as first,
+        duplex_device(name="hall", mac_address="AA:BB:CC:DD:EE:43") as second,
+    ):
+        for device in (first, second):
+            result = await add_duplex(hass, entry, device_input(device))
+            assert result["type"] is FlowResultType.CREATE_ENTRY, result
+    assert len(entry.options[CONF_DUPLEX_SATELLITES]) == 2
+    menu = await hass.config_entries.options.async_init(entry.entry_id)
+    assert "remove_duplex" in menu["menu_options"]
+    form = await hass.config_entries.options.async_configure(
+        menu["flow_id"], {"next_step_id": "remove_duplex"}
+    )
+    result = await hass.config_entries.options.async_configure(
+        form["flow_id"], {CONF_DUPLEX_SATELLITES: ["aa:bb:cc:dd:ee:42"]}
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    [kept] = entry.options[CONF_DUPLEX_SATELLITES]
+    assert kept[CONF_MAC] == "AA:BB:CC:DD:EE:43"
+    assert "prompt" in entry.options
