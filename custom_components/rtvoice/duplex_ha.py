@@ -245,25 +245,35 @@ class DuplexSatellites:
         self.states: dict[str, SessionState | None] = {}
 
     async def async_start(self) -> None:
-        """Start connecting every satellite (in the background)."""
-        for key, conf in self.configs.items():
-            host = str(conf[CONF_HOST])
-            link = EsphomeLink(
-                LinkConfig(
-                    host=host,
-                    port=int(conf.get(CONF_PORT, DEFAULT_ESPHOME_PORT)),
-                    noise_psk=conf.get(CONF_NOISE_PSK) or None,
-                ),
-                self.binding,
-                zeroconf_instance=await _zeroconf(self.hass, host),
-                on_available=functools.partial(self._available, key),
-                on_conversation=functools.partial(self._conversation, key),
-                on_state=functools.partial(self._state, key),
-            )
-            if _skips_login(conf.get(CONF_ESPHOME_VERSION)):
-                link.login = False  # never answered: no wait for the fallback
-            self.links[key] = link
-            link.start()
+        """Start connecting every satellite (in the background).
+
+        A failure (or cancel) part-way closes the links already started.
+        """
+        try:
+            for key, conf in self.configs.items():
+                await self._async_start_link(key, conf)
+        except BaseException:
+            await self.async_stop()
+            raise
+
+    async def _async_start_link(self, key: str, conf: Mapping[str, Any]) -> None:
+        host = str(conf[CONF_HOST])
+        link = EsphomeLink(
+            LinkConfig(
+                host=host,
+                port=int(conf.get(CONF_PORT, DEFAULT_ESPHOME_PORT)),
+                noise_psk=conf.get(CONF_NOISE_PSK) or None,
+            ),
+            self.binding,
+            zeroconf_instance=await _zeroconf(self.hass, host),
+            on_available=functools.partial(self._available, key),
+            on_conversation=functools.partial(self._conversation, key),
+            on_state=functools.partial(self._state, key),
+        )
+        if _skips_login(conf.get(CONF_ESPHOME_VERSION)):
+            link.login = False  # never answered: no wait for the fallback
+        self.links[key] = link
+        link.start()
 
     async def async_stop(self) -> None:
         """Close every link (conversations handed off); no task is left."""
