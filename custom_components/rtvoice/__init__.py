@@ -12,7 +12,12 @@ from .control_api import async_register_control_api
 from .runtime import RtVoiceConfigEntry, async_build_runtime
 from .services import async_setup_services
 
-PLATFORMS: list[Platform] = [Platform.CONVERSATION, Platform.SENSOR, Platform.WAKE_WORD]
+PLATFORMS: list[Platform] = [
+    Platform.ASSIST_SATELLITE,
+    Platform.CONVERSATION,
+    Platform.SENSOR,
+    Platform.WAKE_WORD,
+]
 
 CONFIG_SCHEMA = cv.config_entry_only_config_schema(DOMAIN)
 

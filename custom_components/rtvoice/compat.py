@@ -235,3 +235,36 @@ def tts_streams_answers() -> bool:
 
     result_stream = getattr(tts, "ResultStream", None)
     return hasattr(result_stream, "async_set_message_stream")
+
+
+# ── one sentence through a TTS engine (duplex mode) ──────────────────────────────
+
+
+async def tts_synthesise(
+    hass: HomeAssistant,
+    engine: str,
+    language: str | None,
+    options: dict[str, Any],
+    text: str,
+) -> tuple[str, bytes]:
+    """Return ``(extension, audio)`` of ``text`` spoken by ``engine``.
+
+    HA 2025.4 and 2026.x both offer ``tts.async_create_stream`` (a ``ResultStream``
+    with ``async_set_message``), which the pipeline uses; a release without it gets
+    the media source path (``generate_media_source_id`` +
+    ``async_get_media_source_audio``).
+    """
+    from homeassistant.components import tts  # noqa: PLC0415 - only when asked
+
+    create_stream = getattr(tts, "async_create_stream", None)
+    if create_stream is not None:
+        stream = create_stream(hass, engine, language, options)
+        if hasattr(stream, "async_set_message"):
+            stream.async_set_message(text)
+            audio = b"".join([chunk async for chunk in stream.async_stream_result()])
+            return str(stream.extension), audio
+    media_id = tts.generate_media_source_id(
+        hass, text, engine=engine, language=language, options=options
+    )
+    extension, audio = await tts.async_get_media_source_audio(hass, media_id)
+    return str(extension), bytes(audio)

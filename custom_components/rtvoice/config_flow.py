@@ -26,6 +26,7 @@ from yarl import URL
 
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigFlow, ConfigFlowResult, OptionsFlow
+from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.data_entry_flow import AbortFlow
 from homeassistant.helpers import entity_registry as er, llm
@@ -56,12 +57,16 @@ from .const import (
     CONF_CARRY_OVER,
     CONF_CHUNK_TIMEOUT,
     CONF_CONTEXT_WINDOW,
+    CONF_DUPLEX_SATELLITES,
+    CONF_ESPHOME_VERSION,
     CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
+    CONF_MAC,
     CONF_MAX_TOOL_TURNS,
     CONF_MODEL,
     CONF_NAME,
+    CONF_NOISE_PSK,
     CONF_PROMPT,
     CONF_TEMPERATURE,
     DEFAULT_AGENT_ID,
@@ -69,6 +74,7 @@ from .const import (
     DEFAULT_CARRY_OVER,
     DEFAULT_CHUNK_TIMEOUT,
     DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_ESPHOME_PORT,
     DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_LLM_HASS_API,
@@ -96,6 +102,7 @@ from .const import (
     VALIDATION_TIMEOUT,
 )
 from .control_api import API_ID_PREFIX as CONTROL_API_ID_PREFIX
+from .duplex_ha import ProbeError, async_probe_satellite, satellite_key
 from .kernel.openai_provider import (
     OpenAIChatProvider,
     ProviderAuthError,
@@ -545,19 +552,30 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
 
 
 class RealtimeVoiceOptionsFlow(OptionsFlow):
-    """Prompt, tools and conversation behaviour of an entry.
+    """Settings of an entry, and the duplex satellites it owns (a menu).
 
-    The ha_agent brain shows no tool, temperature, context window or tool-turn
-    options: the delegated agent handles those itself.
+    Settings: prompt, tools and conversation behaviour. The ha_agent brain shows
+    no tool, temperature, context window or tool-turn options: the delegated agent
+    handles those itself. Duplex satellites (preview): add one by host, port and
+    key after a connection test, or remove one.
     """
 
     async def async_step_init(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Show and store the options."""
+        """Offer the settings and the duplex satellites."""
+        menu = ["settings", "add_duplex"]
+        if self._duplex():
+            menu.append("remove_duplex")
+        return self.async_show_menu(step_id="init", menu_options=menu)
+
+    async def async_step_settings(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Show and store the settings (the duplex satellites are kept)."""
         brain = _brain(self.config_entry)
         if user_input is not None:
-            return self.async_create_entry(data=_options_from_input(brain, user_input))
+            return self._store(_options_from_input(brain, user_input))
         if brain == BRAIN_OPENAI:
             current = {**DEFAULT_OPTIONS_OPENAI, **self.config_entry.options}
             apis = _llm_api_choices(self.hass)
@@ -569,9 +587,103 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             current = {**DEFAULT_OPTIONS_HA_AGENT, **self.config_entry.options}
             schema = _options_schema(None)
         return self.async_show_form(
-            step_id="init",
+            step_id="settings",
             data_schema=self.add_suggested_values_to_schema(schema, current),
         )
+
+    async def async_step_add_duplex(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Add an ESPHome satellite in duplex mode, once a connection test passed."""
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            host = str(user_input[CONF_HOST]).strip()
+            port = int(user_input[CONF_PORT])
+            key = str(user_input.get(CONF_NOISE_PSK) or "").strip() or None
+            try:
+                info = await async_probe_satellite(self.hass, host, port, key)
+            except ProbeError as err:
+                errors["base"] = err.reason
+            else:
+                satellite = {
+                    CONF_HOST: host,
+                    CONF_PORT: port,
+                    CONF_NOISE_PSK: key,
+                    CONF_NAME: info.friendly_name or info.name,
+                    CONF_MAC: info.mac_address,
+                    CONF_ESPHOME_VERSION: info.esphome_version,
+                }
+                others = [
+                    s
+                    for s in self._duplex()
+                    if satellite_key(s) != satellite_key(satellite)
+                ]
+                return self._store(
+                    {**self.config_entry.options},
+                    duplex=[*others, satellite],
+                )
+        return self.async_show_form(
+            step_id="add_duplex",
+            data_schema=self.add_suggested_values_to_schema(
+                _DUPLEX_SCHEMA, user_input or {}
+            ),
+            errors=errors,
+        )
+
+    async def async_step_remove_duplex(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Remove duplex satellites (their entities go with the entry's reload)."""
+        satellites = self._duplex()
+        if user_input is not None:
+            gone = set(user_input[CONF_DUPLEX_SATELLITES])
+            return self._store(
+                {**self.config_entry.options},
+                duplex=[s for s in satellites if satellite_key(s) not in gone],
+            )
+        choices = [
+            SelectOptionDict(
+                value=satellite_key(s),
+                label=f"{s.get(CONF_NAME) or s[CONF_HOST]} ({s[CONF_HOST]})",
+            )
+            for s in satellites
+        ]
+        return self.async_show_form(
+            step_id="remove_duplex",
+            data_schema=vol.Schema(
+                {
+                    vol.Required(CONF_DUPLEX_SATELLITES): SelectSelector(
+                        SelectSelectorConfig(options=choices, multiple=True)
+                    )
+                }
+            ),
+        )
+
+    def _duplex(self) -> list[dict[str, Any]]:
+        return list(self.config_entry.options.get(CONF_DUPLEX_SATELLITES, []))
+
+    def _store(
+        self, options: dict[str, Any], duplex: list[dict[str, Any]] | None = None
+    ) -> ConfigFlowResult:
+        """Store ``options`` with the duplex satellites (kept unless given)."""
+        satellites = self._duplex() if duplex is None else duplex
+        options.pop(CONF_DUPLEX_SATELLITES, None)
+        if satellites:
+            options[CONF_DUPLEX_SATELLITES] = satellites
+        return self.async_create_entry(data=options)
+
+
+_DUPLEX_SCHEMA = vol.Schema(
+    {
+        vol.Required(CONF_HOST): TextSelector(),
+        vol.Required(CONF_PORT, default=DEFAULT_ESPHOME_PORT): vol.All(
+            vol.Coerce(int), vol.Range(min=1, max=65535)
+        ),
+        vol.Optional(CONF_NOISE_PSK): TextSelector(
+            TextSelectorConfig(type=TextSelectorType.PASSWORD)
+        ),
+    }
+)
 
 
 def _llm_api_choices(hass: HomeAssistant) -> list[SelectOptionDict]:

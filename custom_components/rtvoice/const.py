@@ -125,3 +125,14 @@ STATE_CLOSED: Final = "closed"
 PARENT_ID: Final = "parent"
 # Owner of the global prompt sections that come from Home Assistant itself.
 PROMPT_OWNER_HASS: Final = "hass"
+
+# --- duplex satellites (issue 10) ---------------------------------------------------------
+
+# Option: the ESPHome satellites this entry owns in duplex mode, a list of dicts with
+# host, port, noise_psk (None: plaintext), name, mac and esphome_version (from the
+# device when it was added).
+CONF_DUPLEX_SATELLITES: Final = "duplex_satellites"
+CONF_NOISE_PSK: Final = "noise_psk"
+CONF_MAC: Final = "mac"
+CONF_ESPHOME_VERSION: Final = "esphome_version"
+DEFAULT_ESPHOME_PORT: Final = 6053

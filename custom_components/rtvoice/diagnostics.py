@@ -14,12 +14,12 @@ from homeassistant.components.diagnostics import async_redact_data
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.core import HomeAssistant
 
-from .const import CONF_API_KEY, CONF_BASE_URL, CONF_PROMPT
+from .const import CONF_API_KEY, CONF_BASE_URL, CONF_NOISE_PSK, CONF_PROMPT
 from .kernel import Capability
 from .redact import safe_url
 from .runtime import RtVoiceConfigEntry, RtVoiceRuntime
 
-TO_REDACT: Final = {CONF_API_KEY, CONF_PROMPT}
+TO_REDACT: Final = {CONF_API_KEY, CONF_NOISE_PSK, CONF_PROMPT}
 
 
 async def async_get_config_entry_diagnostics(

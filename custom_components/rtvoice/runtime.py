@@ -17,12 +17,15 @@ from homeassistant.core import HomeAssistant
 from .brain import Brain, async_create_brain
 from .const import (
     BRAIN_OPENAI,
+    CONF_DUPLEX_SATELLITES,
     CONF_LLM_HASS_API,
     DEFAULT_LLM_HASS_API,
     LLM_API_NONE,
     PARENT_ID,
 )
 from .control import ControlPlane
+from .duplex_ha import DuplexSatellites
+from .duplex_link import RoundEnds
 from .kernel import ChannelRegistry, Kernel, PromptRegistry, ToolRunner
 from .satellites import SatelliteDirectory
 from .sessions import SessionManager
@@ -40,6 +43,7 @@ class RtVoiceRuntime:
     satellites: SatelliteDirectory
     sessions: SessionManager
     control: ControlPlane
+    duplex: DuplexSatellites
 
     def apply_options(self, options: Mapping[str, Any]) -> bool:
         """Apply changed options without a reload; False when a reload is needed.
@@ -47,8 +51,13 @@ class RtVoiceRuntime:
         Everything applies in place (running conversations and the transcript
         archive stay) except switching tools on or off: whether the model is
         offered tools at all (and ``ask_parent``) is wired into the kernel and the
-        conversation entity when the entry loads.
+        conversation entity when the entry loads, and adding or removing a duplex
+        satellite (its link and entity are set up when the entry loads).
         """
+        if list(options.get(CONF_DUPLEX_SATELLITES, [])) != list(
+            self.duplex.configs.values()
+        ):
+            return False
         if self.brain.kind == BRAIN_OPENAI:
             api_id = options.get(CONF_LLM_HASS_API, DEFAULT_LLM_HASS_API)
             wants_tools = bool(api_id) and api_id != LLM_API_NONE
@@ -65,6 +74,7 @@ class RtVoiceRuntime:
         """
         await self.control.async_shutdown()
         await self.sessions.async_shutdown()
+        await self.duplex.async_stop()
         self.satellites.async_stop()
 
 
@@ -83,6 +93,7 @@ async def async_build_runtime(
     brain = await async_create_brain(hass, entry, prompts)
     satellites = SatelliteDirectory(hass, entry, prompts)
     sessions = SessionManager(hass, entry, brain, channels, satellites)
+    round_ends = RoundEnds()  # duplex conversations learn their rounds' ends
     kernel = Kernel(
         brain.provider,
         channels,
@@ -95,9 +106,18 @@ async def async_build_runtime(
         on_ask_parent=sessions.on_ask_parent if brain.tools is not None else None,
         on_state=sessions.on_state,
         on_tool_result=sessions.on_tool_result,
+        on_round_end=round_ends,
     )
     sessions.start(kernel)
     await satellites.async_start()
+    duplex = DuplexSatellites(
+        hass,
+        entry.entry_id,
+        kernel,
+        round_ends,
+        entry.options.get(CONF_DUPLEX_SATELLITES, []),
+    )
+    await duplex.async_start()
     return RtVoiceRuntime(
         brain=brain,
         kernel=kernel,
@@ -107,4 +127,5 @@ async def async_build_runtime(
         satellites=satellites,
         sessions=sessions,
         control=ControlPlane(hass, entry, kernel, sessions, satellites),
+        duplex=duplex,
     )

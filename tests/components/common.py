@@ -226,3 +226,12 @@ async def async_setup_test_integration(
         assert await hass.config_entries.async_setup(entry.entry_id)
         await hass.async_block_till_done()
     return entry
+
+
+async def open_settings(hass: HomeAssistant, entry: ConfigEntry) -> Any:
+    """Open an entry's options flow and pick the settings form from its menu."""
+    menu = await hass.config_entries.options.async_init(entry.entry_id)
+    assert menu["step_id"] == "init" and "settings" in menu["menu_options"]
+    return await hass.config_entries.options.async_configure(
+        menu["flow_id"], {"next_step_id": "settings"}
+    )

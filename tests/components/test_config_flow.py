@@ -62,7 +62,7 @@ from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType, InvalidData
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.selector import NumberSelector
-from tests.components.common import PEER_API_KEY, PEER_MODEL
+from tests.components.common import PEER_API_KEY, PEER_MODEL, open_settings
 from tests.peers.openai_server import Fail, OpenAIPeer
 
 pytestmark = pytest.mark.usefixtures("mock_setup_entry")
@@ -888,9 +888,9 @@ async def test_options_openai(hass: HomeAssistant) -> None:
     """The endpoint brain offers every option, pre-filled from the entry."""
     entry = openai_entry(DEFAULT_BASE_URL)
     entry.add_to_hass(hass)
-    result = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await open_settings(hass, entry)
     assert result["type"] is FlowResultType.FORM
-    assert result["step_id"] == "init"
+    assert result["step_id"] == "settings"
     assert_translated(result, "options")
     assert fields(result) == {
         CONF_PROMPT,
@@ -945,7 +945,7 @@ async def test_options_openai(hass: HomeAssistant) -> None:
         assert type(entry.options[key]) is int
 
     # Reopened, the form shows what was stored.
-    result = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await open_settings(hass, entry)
     for key, value in expected.items():
         assert suggested(result, key) == value, key
 
@@ -957,7 +957,7 @@ async def test_options_empty_prompt_means_builtin(hass: HomeAssistant) -> None:
     hass.config_entries.async_update_entry(
         entry, options={**entry.options, CONF_PROMPT: "old prompt"}
     )
-    result = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await open_settings(hass, entry)
     assert suggested(result, CONF_PROMPT) == "old prompt"
     result = await hass.config_entries.options.async_configure(
         result["flow_id"],
@@ -981,7 +981,7 @@ async def test_options_missing_api_falls_back_to_assist(hass: HomeAssistant) -> 
     hass.config_entries.async_update_entry(
         entry, options={**entry.options, CONF_LLM_HASS_API: "removed_api"}
     )
-    result = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await open_settings(hass, entry)
     assert suggested(result, CONF_LLM_HASS_API) == DEFAULT_LLM_HASS_API
     with pytest.raises(InvalidData):
         await hass.config_entries.options.async_configure(
@@ -1002,7 +1002,7 @@ async def test_options_entry_without_stored_options(hass: HomeAssistant) -> None
     entry = openai_entry(DEFAULT_BASE_URL)
     entry.add_to_hass(hass)
     hass.config_entries.async_update_entry(entry, options={})
-    result = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await open_settings(hass, entry)
     for key, value in DEFAULT_OPTIONS_OPENAI.items():
         assert suggested(result, key) == value, key
 
@@ -1026,7 +1026,7 @@ async def test_options_out_of_range_rejected(
     """Values outside the documented ranges (or a broken template) are refused."""
     entry = openai_entry(DEFAULT_BASE_URL)
     entry.add_to_hass(hass)
-    result = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await open_settings(hass, entry)
     with pytest.raises((InvalidData, vol.Invalid)):
         await hass.config_entries.options.async_configure(
             result["flow_id"], {**DEFAULT_OPTIONS_OPENAI, field: value}
@@ -1038,7 +1038,7 @@ async def test_options_ha_agent_hides_model_options(hass: HomeAssistant) -> None
     """The agent brain only offers prompt, idle timeout and carry-over."""
     entry = agent_entry(DEFAULT_AGENT_ID)
     entry.add_to_hass(hass)
-    result = await hass.config_entries.options.async_init(entry.entry_id)
+    result = await open_settings(hass, entry)
     assert result["type"] is FlowResultType.FORM
     assert_translated(result, "options")
     assert fields(result) == {CONF_PROMPT, CONF_IDLE_TIMEOUT, CONF_CARRY_OVER}
@@ -1094,8 +1094,8 @@ async def test_numeric_options_describe_their_range(hass: HomeAssistant) -> None
     """Every number field's helper text states its range and default, as the form has."""
     entry = openai_entry(DEFAULT_BASE_URL)
     entry.add_to_hass(hass)
-    result = await hass.config_entries.options.async_init(entry.entry_id)
-    descriptions = TRANSLATIONS["options"]["step"]["init"]["data_description"]
+    result = await open_settings(hass, entry)
+    descriptions = TRANSLATIONS["options"]["step"]["settings"]["data_description"]
     numbers = {
         str(key): (selector.config, key.default())
         for key, selector in result["data_schema"].schema.items()

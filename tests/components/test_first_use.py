@@ -51,6 +51,7 @@ from homeassistant.exceptions import ServiceValidationError, Unauthorized
 from homeassistant.helpers import intent, llm
 from homeassistant.helpers.selector import SelectSelector
 from homeassistant.util.ulid import ulid_now
+from tests.components.common import open_settings
 from tests.components.pipeline.helpers import (
     AGENT,
     BED_LIGHT,
@@ -385,7 +386,7 @@ async def test_options_apply_without_closing_conversations(
     live = await start(hass)
     runtime = entry.runtime_data
 
-    flow = await hass.config_entries.options.async_init(entry.entry_id)
+    flow = await open_settings(hass, entry)
     result = await hass.config_entries.options.async_configure(
         flow["flow_id"],
         {
@@ -443,7 +444,7 @@ async def test_lists_leave_out_what_cannot_work(
     entry = await async_setup_rtvoice(home, openai_peer)
     assert any(api.id == api_id(entry) for api in llm.async_get_apis(hass))
 
-    options = await hass.config_entries.options.async_init(entry.entry_id)
+    options = await open_settings(hass, entry)
     apis = select_values(options, CONF_LLM_HASS_API)
     assert DEFAULT_LLM_HASS_API in apis
     assert not [a for a in apis if a.startswith("rtvoice")]
