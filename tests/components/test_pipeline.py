@@ -14,6 +14,8 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
+
 from homeassistant.components.assist_pipeline import PipelineEventType
 from homeassistant.const import STATE_OFF, STATE_ON
 from homeassistant.helpers import intent
@@ -27,7 +29,7 @@ from tests.components.pipeline.helpers import (
     tool_named,
     wait,
 )
-from tests.peers.openai_server import Hang, OpenAIPeer, Text, ToolCall
+from tests.peers.openai_server import Hang, OpenAIPeer, Text, ToolCall, WaitFor
 
 
 def intent_end(home: Home, index: int = -1) -> dict[str, Any]:
@@ -152,3 +154,27 @@ async def test_tool_running_at_barge_in_completes(
     last = openai_peer.requests[2].messages
     assert last[-1] == {"role": "user", "content": "what time is it"}
     assert any(m.get("tool_call_id") == "call_slow" for m in last)
+
+
+@pytest.mark.parametrize("held_headers", [False, True])
+async def test_new_run_as_the_request_arrives_hangs_it_up(
+    home: Home, openai_peer: OpenAIPeer, held_headers: bool
+) -> None:
+    """Barge-in the instant the peer has the model request: it is hung up at once."""
+    await async_setup_rtvoice(home, openai_peer)
+    release = asyncio.Event()
+    if held_headers:
+        openai_peer.enqueue(WaitFor(release), Text("Late."))
+    else:
+        openai_peer.enqueue(Text("Once upon a time"), Hang())
+    openai_peer.enqueue(Text("It is noon."))
+    first = run_satellite(home, "tell me a story")
+    held = await openai_peer.wait_for_request(1)
+    second = run_satellite(home, "what time is it")
+    await wait(held.disconnected.wait(), 5)
+    await cancelled(first)
+    await finished(second)
+    snapshot = home.sessions.stats(SATELLITE)
+    assert snapshot is not None
+    assert snapshot.failed_rounds == 0
+    release.set()

@@ -1112,3 +1112,63 @@ async def test_unavailable_agent_is_logged_once_and_when_back(
     )
     (info,) = rtvoice_records(caplog, logging.INFO)
     assert info.getMessage() == "The conversation agent of Realtime Voice is back"
+
+
+@pytest.mark.parametrize("second_run", [False, True])
+@pytest.mark.parametrize("satellite", [False, True])
+@pytest.mark.parametrize(
+    "cut_at", ["request_sent", "request_arrived", "arrived_streaming", "headers"]
+)
+async def test_cancelled_caller_hangs_up_the_model_request(
+    home: Home,
+    openai_peer: OpenAIPeer,
+    cut_at: str,
+    second_run: bool,
+    satellite: bool,
+) -> None:
+    """HA cancels the caller around the model request: the request is hung up.
+
+    Benchmark row 10's race: a barge-in the instant the peer has the request (no
+    response headers yet) left it open until the read timeout, then apologised.
+    Cut before it arrives, right as it arrives, and once the answer streams; alone
+    or with the new run's words pushed right after (a second cancel of the round).
+    """
+    hass = home.hass
+    await async_setup_rtvoice(home, openai_peer)
+    device_id = home.device_of(SATELLITE) if satellite else None
+    first = await converse(home, "hello", device_id=device_id)
+    cid = first.conversation_id
+    release = asyncio.Event()
+    if cut_at in ("headers", "arrived_streaming"):
+        openai_peer.enqueue(Text("Let me"), WaitFor(release), Text(" see."))
+    else:
+        openai_peer.enqueue(WaitFor(release), Text("Late."))
+    openai_peer.enqueue(Text("Fresh."))
+    task = hass.async_create_task(converse(home, "a hard question", cid, device_id))
+    if cut_at == "request_sent":
+        await home.wait_snapshot(lambda s: s.state == "thinking")
+    elif cut_at in ("request_arrived", "arrived_streaming"):
+        await openai_peer.wait_for_request(2)
+    else:
+        await home.wait_snapshot(lambda s: s.state == "speaking")
+    task.cancel()
+    if cut_at == "request_sent":
+        # It may never reach the peer: the next request must not get its script.
+        release.set()
+    again = (
+        hass.async_create_task(converse(home, "never mind", cid, device_id))
+        if second_run
+        else None
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    if again is not None:
+        await wait(again)
+    snapshot = await home.wait_snapshot(
+        lambda s: s.state == "idle" and s.rounds == (3 if second_run else 2)
+    )
+    if cut_at != "request_sent":
+        await wait(openai_peer.requests[1].disconnected.wait(), 5)
+    assert snapshot.interrupted_rounds + snapshot.superseded_rounds == 1
+    assert snapshot.failed_rounds == 0
+    release.set()
