@@ -136,3 +136,17 @@ CONF_NOISE_PSK: Final = "noise_psk"
 CONF_MAC: Final = "mac"
 CONF_ESPHOME_VERSION: Final = "esphome_version"
 DEFAULT_ESPHOME_PORT: Final = 6053
+
+# Per-satellite settings, stored in each satellite's dict (ESPHome duplex and
+# Wyoming satellites alike; absent keys take the defaults).
+CONF_BARGE_IN: Final = "barge_in"  # "vad" | "wake_word" | "off" (duplex.BargeIn)
+DEFAULT_BARGE_IN: Final = "wake_word"  # safe on boards without echo cancellation
+CONF_ECHO_CANCELLATION: Final = "echo_cancellation"  # server-side AEC3 (livekit)
+DEFAULT_ECHO_CANCELLATION: Final = False
+CONF_END_SILENCE: Final = "end_silence"  # seconds of silence after an answer
+DEFAULT_END_SILENCE: Final = 8
+# Wyoming satellites owned by an entry (options), one dict each: host, port, name,
+# plus the per-satellite settings above and CONF_WAKE_WORD.
+CONF_WYOMING_SATELLITES: Final = "wyoming_satellites"
+CONF_WAKE_WORD: Final = "wake_word"  # a bundled model id, or "satellite"
+DEFAULT_WYOMING_PORT: Final = 10700
