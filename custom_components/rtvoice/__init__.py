@@ -9,6 +9,7 @@ from homeassistant.helpers.typing import ConfigType
 
 from .const import DOMAIN
 from .control_api import async_register_control_api
+from .duplex_owner import async_watch_satellite_conflicts
 from .runtime import RtVoiceConfigEntry, async_build_runtime
 from .services import async_setup_services
 
@@ -47,6 +48,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> b
     )
     await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
     entry.async_on_unload(async_register_control_api(hass, entry))
+    entry.async_on_unload(async_watch_satellite_conflicts(hass, entry))
     entry.async_on_unload(entry.add_update_listener(_async_update_listener))
     return True
 

@@ -14,22 +14,31 @@ Unique ids: ``<base url without trailing slash>|<model>`` for an endpoint,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 import logging
 import socket
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from aioesphomeapi import DeviceInfo
 import httpx
 import openai
 import voluptuous as vol
 from yarl import URL
 
 from homeassistant.components import conversation
-from homeassistant.config_entries import ConfigFlow, ConfigFlowResult, OptionsFlow
+from homeassistant.config_entries import (
+    ConfigEntry,
+    ConfigEntryState,
+    ConfigFlow,
+    ConfigFlowResult,
+    OptionsFlow,
+)
 from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.data_entry_flow import AbortFlow
 from homeassistant.helpers import entity_registry as er, llm
+from homeassistant.helpers.device_registry import format_mac
 from homeassistant.helpers.httpx_client import get_async_client
 from homeassistant.helpers.selector import (
     BooleanSelector,
@@ -45,6 +54,7 @@ from homeassistant.helpers.selector import (
     TextSelectorConfig,
     TextSelectorType,
 )
+from homeassistant.helpers.service_info.zeroconf import ZeroconfServiceInfo
 
 from .brain import async_prime_openai
 from .const import (
@@ -52,17 +62,18 @@ from .const import (
     BRAIN_OPENAI,
     CONF_AGENT_ID,
     CONF_API_KEY,
+    CONF_BARGE_IN,
     CONF_BASE_URL,
     CONF_BRAIN,
     CONF_CARRY_OVER,
     CONF_CHUNK_TIMEOUT,
     CONF_CONTEXT_WINDOW,
     CONF_DUPLEX_SATELLITES,
-    CONF_ESPHOME_VERSION,
+    CONF_ECHO_CANCELLATION,
+    CONF_END_SILENCE,
     CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
-    CONF_MAC,
     CONF_MAX_TOOL_TURNS,
     CONF_MODEL,
     CONF_NAME,
@@ -70,10 +81,13 @@ from .const import (
     CONF_PROMPT,
     CONF_TEMPERATURE,
     DEFAULT_AGENT_ID,
+    DEFAULT_BARGE_IN,
     DEFAULT_BASE_URL,
     DEFAULT_CARRY_OVER,
     DEFAULT_CHUNK_TIMEOUT,
     DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_ECHO_CANCELLATION,
+    DEFAULT_END_SILENCE,
     DEFAULT_ESPHOME_PORT,
     DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -102,7 +116,16 @@ from .const import (
     VALIDATION_TIMEOUT,
 )
 from .control_api import API_ID_PREFIX as CONTROL_API_ID_PREFIX
+from .duplex import BargeIn, echo as duplex_echo
 from .duplex_ha import ProbeError, async_probe_satellite, satellite_key
+from .duplex_owner import (
+    esphome_entry_for,
+    esphome_voice_entries,
+    owner_of,
+    rtvoice_entries,
+    satellite_conf,
+    with_satellite,
+)
 from .kernel.openai_provider import (
     OpenAIChatProvider,
     ProviderAuthError,
@@ -115,6 +138,15 @@ if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
+
+ESPHOME_ZEROCONF_TYPE: Final = "_esphomelib._tcp.local."
+CONF_ENTRY_ID: Final = "entry_id"  # the Realtime Voice entry a satellite joins
+CONF_SATELLITE: Final = "satellite"  # the satellite whose settings are edited
+# Probe reasons whose config-flow error key differs from the options flow's
+# (the config flow's cannot_connect is about the model endpoint).
+_DISCOVERY_ERRORS: Final = {"cannot_connect": "satellite_cannot_connect"}
+MIN_END_SILENCE: Final = 1  # seconds of silence after an answer before the session ends
+MAX_END_SILENCE: Final = 120
 
 _NAME_SELECTOR = TextSelector()
 _URL_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.URL))
@@ -322,11 +354,26 @@ def _agent_errors(hass: HomeAssistant, agent_id: str) -> dict[str, str]:
     return {}
 
 
+@dataclass
+class _Discovered:
+    """An ESPHome device found by zeroconf, until the user confirms it."""
+
+    mac: str
+    name: str
+    host: str
+    port: int
+    key: str | None = None  # encryption key (HA's esphome entry's, or the user's)
+    info: DeviceInfo | None = None  # set once the probe passed
+    error: str | None = None  # why the probe did not pass (form error)
+
+
 class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
-    """Set up a Realtime Voice brain."""
+    """Set up a Realtime Voice brain; offer discovered satellites to an entry."""
 
     VERSION = 1
     MINOR_VERSION = 1
+
+    _esphome: _Discovered | None = None
 
     @staticmethod
     @callback
@@ -425,6 +472,150 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 _ha_agent_schema(self.hass), user_input
             ),
             errors=errors,
+        )
+
+    # -- zeroconf: ESPHome voice satellites ---------------------------------------------
+
+    async def async_step_zeroconf(
+        self, discovery_info: ZeroconfServiceInfo
+    ) -> ConfigFlowResult:
+        """Dispatch a zeroconf discovery on its service type."""
+        if discovery_info.type == ESPHOME_ZEROCONF_TYPE:
+            return await self._async_discovered_esphome(discovery_info)
+        return self.async_abort(reason="not_supported")
+
+    async def _async_discovered_esphome(
+        self, discovery_info: ZeroconfServiceInfo
+    ) -> ConfigFlowResult:
+        """Offer an ESPHome device to a Realtime Voice entry, if it is a voice satellite.
+
+        Every ESPHome device announces itself; only voice satellites reach the
+        user. A plaintext device (or one whose key HA's ``esphome`` entry holds) is
+        probed now; for an encrypted device without a known key the confirm form
+        asks for it and the probe runs then. The flow's unique id is the MAC, so
+        "Ignore" sticks to the device.
+        """
+        properties = discovery_info.properties
+        if not (raw_mac := properties.get("mac")):
+            return self.async_abort(reason="mdns_missing_mac")
+        mac = format_mac(str(raw_mac))
+        await self.async_set_unique_id(mac)
+        self._abort_if_unique_id_configured()  # the user ignored this device
+        if not rtvoice_entries(self.hass):
+            return self.async_abort(reason="no_realtime_voice_entry")
+        if owner_of(self.hass, mac) is not None:
+            return self.async_abort(reason="already_owned")
+        name = str(
+            properties.get("friendly_name")
+            or discovery_info.hostname.removesuffix(".local.")
+        )
+        self.context["title_placeholders"] = {"name": name}
+        found = self._esphome = _Discovered(
+            mac=mac,
+            name=name,
+            host=discovery_info.host,
+            port=discovery_info.port or DEFAULT_ESPHOME_PORT,
+        )
+        if properties.get("api_encryption"):
+            esphome = esphome_entry_for(self.hass, mac)
+            found.key = (esphome.data.get(CONF_NOISE_PSK) or None) if esphome else None
+            if found.key is None:
+                return await self.async_step_esphome_confirm()  # asks for the key
+        try:
+            found.info = await async_probe_satellite(
+                self.hass, found.host, found.port, found.key
+            )
+        except ProbeError as err:
+            if err.reason in ("not_voice_satellite", "cannot_connect"):
+                return self.async_abort(reason=err.reason)
+            # The key (HA's, or none) does not fit: the user enters it.
+            found.key, found.error = None, err.reason
+        return await self.async_step_esphome_confirm()
+
+    async def async_step_esphome_confirm(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Confirm a discovered satellite (its key, which entry when several)."""
+        found = self._esphome
+        assert found is not None
+        entries = rtvoice_entries(self.hass)
+        if not entries:
+            return self.async_abort(reason="no_realtime_voice_entry")
+        errors: dict[str, str] = {}
+        if found.error is not None and user_input is None:
+            errors["base"] = _DISCOVERY_ERRORS.get(found.error, found.error)
+        if user_input is not None:
+            if owner_of(self.hass, found.mac) is not None:
+                return self.async_abort(reason="already_owned")  # added meanwhile
+            chosen = user_input.get(CONF_ENTRY_ID, entries[0].entry_id)
+            entry = next((e for e in entries if e.entry_id == chosen), None)
+            if entry is None:
+                errors[CONF_ENTRY_ID] = "entry_not_found"
+            elif found.info is None:
+                key = str(user_input.get(CONF_NOISE_PSK) or "").strip() or None
+                try:
+                    found.info = await async_probe_satellite(
+                        self.hass, found.host, found.port, key
+                    )
+                except ProbeError as err:
+                    if err.reason == "not_voice_satellite":
+                        return self.async_abort(reason=err.reason)
+                    errors["base"] = _DISCOVERY_ERRORS.get(err.reason, err.reason)
+                else:
+                    found.key = key
+            if entry is not None and found.info is not None and not errors:
+                return self._async_add_satellite(
+                    entry,
+                    satellite_conf(found.host, found.port, found.key, found.info),
+                )
+        schema: dict[vol.Marker, Any] = {}
+        if len(entries) > 1:
+            schema[vol.Required(CONF_ENTRY_ID, default=entries[0].entry_id)] = (
+                SelectSelector(
+                    SelectSelectorConfig(
+                        options=[
+                            SelectOptionDict(value=e.entry_id, label=e.title)
+                            for e in entries
+                        ],
+                        mode=SelectSelectorMode.DROPDOWN,
+                    )
+                )
+            )
+        if found.info is None:
+            schema[vol.Optional(CONF_NOISE_PSK)] = _KEY_SELECTOR
+        if not schema:
+            self._set_confirm_only()
+        return self.async_show_form(
+            step_id="esphome_confirm",
+            data_schema=vol.Schema(schema),
+            errors=errors,
+            description_placeholders={"name": found.name, "host": found.host},
+        )
+
+    @callback
+    def _async_add_satellite(
+        self, entry: ConfigEntry, satellite: dict[str, Any]
+    ) -> ConfigFlowResult:
+        """Store the satellite in ``entry``'s options, reload it, end the flow.
+
+        HA's ``async_update_reload_and_abort`` pattern, without its second reload:
+        a loaded entry's update listener reloads it already (a changed satellite
+        list needs a reload, as in the options flow); an entry that is not loaded
+        (a failed setup) gets a reload scheduled here.
+        """
+        options = dict(entry.options)
+        options[CONF_DUPLEX_SATELLITES] = with_satellite(
+            options.get(CONF_DUPLEX_SATELLITES, []), satellite
+        )
+        self.hass.config_entries.async_update_entry(entry, options=options)
+        if entry.state is not ConfigEntryState.LOADED:
+            self.hass.config_entries.async_schedule_reload(entry.entry_id)
+        return self.async_abort(
+            reason="duplex_added",
+            description_placeholders={
+                "name": str(satellite[CONF_NAME]),
+                "entry": entry.title,
+            },
         )
 
     # -- reauth (openai brain) ---------------------------------------------------------
@@ -557,16 +748,21 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
     Settings: prompt, tools and conversation behaviour. The ha_agent brain shows
     no tool, temperature, context window or tool-turn options: the delegated agent
     handles those itself. Duplex satellites (preview): add one by host, port and
-    key after a connection test, or remove one.
+    key after a connection test, take one over from HA's esphome entry, change a
+    satellite's settings, or remove one.
     """
+
+    _configuring: str | None = None  # key of the satellite being configured
 
     async def async_step_init(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
         """Offer the settings and the duplex satellites."""
         menu = ["settings", "add_duplex"]
+        if self._esphome_candidates():
+            menu.append("take_over_duplex")
         if self._duplex():
-            menu.append("remove_duplex")
+            menu.extend(["configure_duplex", "remove_duplex"])
         return self.async_show_menu(step_id="init", menu_options=menu)
 
     async def async_step_settings(
@@ -605,22 +801,11 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             except ProbeError as err:
                 errors["base"] = err.reason
             else:
-                satellite = {
-                    CONF_HOST: host,
-                    CONF_PORT: port,
-                    CONF_NOISE_PSK: key,
-                    CONF_NAME: info.friendly_name or info.name,
-                    CONF_MAC: info.mac_address,
-                    CONF_ESPHOME_VERSION: info.esphome_version,
-                }
-                others = [
-                    s
-                    for s in self._duplex()
-                    if satellite_key(s) != satellite_key(satellite)
-                ]
                 return self._store(
                     {**self.config_entry.options},
-                    duplex=[*others, satellite],
+                    duplex=with_satellite(
+                        self._duplex(), satellite_conf(host, port, key, info)
+                    ),
                 )
         return self.async_show_form(
             step_id="add_duplex",
@@ -628,6 +813,135 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
                 _DUPLEX_SCHEMA, user_input or {}
             ),
             errors=errors,
+        )
+
+    async def async_step_take_over_duplex(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Take a satellite over from HA's ``esphome`` entry (host, port and key).
+
+        The chosen entry's connection is copied and tested as if typed in; HA's
+        esphome entry stays (its other entities keep working), and the repair
+        issue offers to disable its satellite entity.
+        """
+        candidates = self._esphome_candidates()
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            esphome = next(
+                (e for e in candidates if e.entry_id == user_input[CONF_ENTRY_ID]),
+                None,
+            )
+            if esphome is None:
+                errors["base"] = "esphome_entry_not_found"
+            else:
+                host = str(esphome.data[CONF_HOST])
+                port = int(esphome.data.get(CONF_PORT, DEFAULT_ESPHOME_PORT))
+                key = esphome.data.get(CONF_NOISE_PSK) or None
+                try:
+                    info = await async_probe_satellite(self.hass, host, port, key)
+                except ProbeError as err:
+                    errors["base"] = err.reason
+                else:
+                    return self._store(
+                        {**self.config_entry.options},
+                        duplex=with_satellite(
+                            self._duplex(), satellite_conf(host, port, key, info)
+                        ),
+                    )
+        if not candidates:
+            return self.async_abort(reason="no_esphome_satellites")
+        choices = [
+            SelectOptionDict(value=e.entry_id, label=f"{e.title} ({e.data[CONF_HOST]})")
+            for e in candidates
+        ]
+        return self.async_show_form(
+            step_id="take_over_duplex",
+            data_schema=vol.Schema(
+                {
+                    vol.Required(CONF_ENTRY_ID): SelectSelector(
+                        SelectSelectorConfig(
+                            options=choices, mode=SelectSelectorMode.LIST
+                        )
+                    )
+                }
+            ),
+            errors=errors,
+        )
+
+    async def async_step_configure_duplex(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Pick the satellite whose settings to change (none to pick: only one)."""
+        satellites = self._duplex()
+        if len(satellites) == 1:
+            self._configuring = satellite_key(satellites[0])
+            return await self.async_step_duplex_settings()
+        if user_input is not None:
+            self._configuring = user_input[CONF_SATELLITE]
+            return await self.async_step_duplex_settings()
+        return self.async_show_form(
+            step_id="configure_duplex",
+            data_schema=vol.Schema(
+                {vol.Required(CONF_SATELLITE): _satellite_selector(satellites)}
+            ),
+        )
+
+    async def async_step_duplex_settings(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Barge-in mode, server echo cancellation and end silence of one satellite.
+
+        Echo cancellation cannot be switched on where its package cannot run
+        (the description says why); ``vad`` without it is allowed (a board with
+        its own echo cancellation needs none) and the description warns.
+        """
+        satellites = self._duplex()
+        index = next(
+            (
+                i
+                for i, s in enumerate(satellites)
+                if satellite_key(s) == self._configuring
+            ),
+            None,
+        )
+        if index is None:
+            return self.async_abort(reason="satellite_not_found")
+        satellite = satellites[index]
+        aec_reason = duplex_echo.unavailable_reason()
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            echo = bool(user_input[CONF_ECHO_CANCELLATION])
+            if echo and aec_reason is not None:
+                errors[CONF_ECHO_CANCELLATION] = "echo_cancellation_unavailable"
+            else:
+                satellites[index] = {
+                    **satellite,
+                    CONF_BARGE_IN: str(user_input[CONF_BARGE_IN]),
+                    CONF_ECHO_CANCELLATION: echo,
+                    CONF_END_SILENCE: int(user_input[CONF_END_SILENCE]),
+                }
+                return self._store({**self.config_entry.options}, duplex=satellites)
+        current = {
+            CONF_BARGE_IN: satellite.get(CONF_BARGE_IN, DEFAULT_BARGE_IN),
+            CONF_ECHO_CANCELLATION: satellite.get(
+                CONF_ECHO_CANCELLATION, DEFAULT_ECHO_CANCELLATION
+            ),
+            CONF_END_SILENCE: satellite.get(CONF_END_SILENCE, DEFAULT_END_SILENCE),
+        }
+        return self.async_show_form(
+            step_id="duplex_settings",
+            data_schema=self.add_suggested_values_to_schema(
+                _duplex_settings_schema(), {**current, **(user_input or {})}
+            ),
+            errors=errors,
+            description_placeholders={
+                "name": _satellite_label(satellite),
+                "echo_cancellation": (
+                    "available"
+                    if aec_reason is None
+                    else f"not available here: {aec_reason}"
+                ),
+            },
         )
 
     async def async_step_remove_duplex(
@@ -641,26 +955,29 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
                 {**self.config_entry.options},
                 duplex=[s for s in satellites if satellite_key(s) not in gone],
             )
-        choices = [
-            SelectOptionDict(
-                value=satellite_key(s),
-                label=f"{s.get(CONF_NAME) or s[CONF_HOST]} ({s[CONF_HOST]})",
-            )
-            for s in satellites
-        ]
         return self.async_show_form(
             step_id="remove_duplex",
             data_schema=vol.Schema(
                 {
-                    vol.Required(CONF_DUPLEX_SATELLITES): SelectSelector(
-                        SelectSelectorConfig(options=choices, multiple=True)
+                    vol.Required(CONF_DUPLEX_SATELLITES): _satellite_selector(
+                        satellites, multiple=True
                     )
                 }
             ),
         )
 
     def _duplex(self) -> list[dict[str, Any]]:
-        return list(self.config_entry.options.get(CONF_DUPLEX_SATELLITES, []))
+        return [
+            dict(s) for s in self.config_entry.options.get(CONF_DUPLEX_SATELLITES, [])
+        ]
+
+    def _esphome_candidates(self) -> list[ConfigEntry]:
+        """HA's esphome voice satellites no Realtime Voice entry owns yet."""
+        return [
+            e
+            for e in esphome_voice_entries(self.hass)
+            if e.unique_id is not None and owner_of(self.hass, e.unique_id) is None
+        ]
 
     def _store(
         self, options: dict[str, Any], duplex: list[dict[str, Any]] | None = None
@@ -671,6 +988,48 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
         if satellites:
             options[CONF_DUPLEX_SATELLITES] = satellites
         return self.async_create_entry(data=options)
+
+
+def _satellite_label(satellite: Mapping[str, Any]) -> str:
+    return (
+        f"{satellite.get(CONF_NAME) or satellite[CONF_HOST]} ({satellite[CONF_HOST]})"
+    )
+
+
+def _satellite_selector(
+    satellites: list[dict[str, Any]], *, multiple: bool = False
+) -> SelectSelector:
+    """Return a choice of stored satellites (values: their keys)."""
+    return SelectSelector(
+        SelectSelectorConfig(
+            options=[
+                SelectOptionDict(value=satellite_key(s), label=_satellite_label(s))
+                for s in satellites
+            ],
+            multiple=multiple,
+        )
+    )
+
+
+def _duplex_settings_schema() -> vol.Schema:
+    """Return the per-satellite settings form."""
+    return vol.Schema(
+        {
+            vol.Required(CONF_BARGE_IN, default=DEFAULT_BARGE_IN): SelectSelector(
+                SelectSelectorConfig(
+                    options=[mode.value for mode in BargeIn],
+                    translation_key=CONF_BARGE_IN,
+                    mode=SelectSelectorMode.LIST,
+                )
+            ),
+            vol.Required(
+                CONF_ECHO_CANCELLATION, default=DEFAULT_ECHO_CANCELLATION
+            ): BooleanSelector(),
+            vol.Required(CONF_END_SILENCE, default=DEFAULT_END_SILENCE): _number(
+                MIN_END_SILENCE, MAX_END_SILENCE, unit="s"
+            ),
+        }
+    )
 
 
 _DUPLEX_SCHEMA = vol.Schema(
