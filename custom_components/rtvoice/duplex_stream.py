@@ -69,6 +69,7 @@ class AnswerStream:
         self.token = token
         self.url = url
         self.fetched = asyncio.Event()  # the device's GET arrived
+        self.settled = asyncio.Event()  # fetched, or ended before that
         self.ended = False  # no more audio will be written
         self.written_bytes = 0  # PCM handed to the HTTP body
         self.dropped_bytes = 0  # PCM dropped (nobody fetched it)
@@ -92,6 +93,7 @@ class AnswerStream:
             self.dropped_bytes += len(self._buffer)
             self._buffer.clear()
         self.ended = True
+        self.settled.set()
         self._changed.set()
 
     async def serve(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -104,6 +106,7 @@ class AnswerStream:
         )
         await response.prepare(request)
         self.fetched.set()
+        self.settled.set()
         try:
             await response.write(wav_header())
             while reader == self._reader:
@@ -197,7 +200,7 @@ class MediaStreamOutput:
             self._play(stream.url)
             try:
                 async with asyncio.timeout(self._fetch_timeout):
-                    await stream.fetched.wait()
+                    await stream.settled.wait()
             except TimeoutError:
                 _LOGGER.warning(
                     "The satellite's media player did not fetch the answer within %s s",
