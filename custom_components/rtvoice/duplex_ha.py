@@ -41,6 +41,7 @@ from .compat import tts_synthesise
 from .const import CONF_ESPHOME_VERSION, CONF_MAC, CONF_NOISE_PSK, DEFAULT_ESPHOME_PORT
 from .duplex import BargeIn, DuplexOptions, SessionState
 from .duplex_link import DuplexBinding, RoundEnds
+from .duplex_stream import async_stream_registry
 from .esphome_link import CLIENT_INFO, EsphomeLink, LinkConfig
 from .kernel import Kernel
 
@@ -269,6 +270,7 @@ class DuplexSatellites:
             on_available=functools.partial(self._available, key),
             on_conversation=functools.partial(self._conversation, key),
             on_state=functools.partial(self._state, key),
+            streams=async_stream_registry(self.hass),  # firmware before 2026.9
         )
         if _skips_login(conf.get(CONF_ESPHOME_VERSION)):
             link.login = False  # never answered: no wait for the fallback

@@ -6,8 +6,11 @@ subscribes to the voice assistant (the first subscriber owns it, DESIGN §5.5) a
 turns each device-initiated start (the wake word) into a ``DuplexConversation``:
 
 - the start is answered with port 0 (mic audio over the API connection);
-- every mic chunk goes into the session, answer frames go back as raw API audio
-  (``send_voice_assistant_audio``: played directly by firmware ≥ 2026.9);
+- every mic chunk goes into the session, answer frames go to the device through
+  an ``AnswerOutput`` chosen at connect time: raw API audio
+  (``send_voice_assistant_audio``, ``ApiAudioOutput``) on firmware that plays it
+  (ESPHome ≥ 2026.9, or a plain speaker), else a media-player announcement of a
+  live HTTP stream served by HA (``duplex_stream.MediaStreamOutput``);
 - while the conversation lives the link never sends an event that ends the mic
   stream (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
   ``tts_start_streaming``); when the session ends by silence it sends RUN_END and
@@ -30,8 +33,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 import contextlib
 from dataclasses import dataclass
+import functools
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from aioesphomeapi import (
     APIClient,
@@ -39,17 +43,22 @@ from aioesphomeapi import (
     DeviceInfo,
     InvalidAuthAPIError,
     InvalidEncryptionKeyAPIError,
+    MediaPlayerCommand,
+    MediaPlayerInfo,
     RequiresEncryptionAPIError,
     VoiceAssistantEventType,
+    VoiceAssistantFeature,
 )
 
-from .duplex import SessionState, UtteranceSegmenter
+from .duplex import PacedPlayer, SessionState, UtteranceSegmenter
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
+from .duplex_stream import MediaStreamOutput, StreamOpener
 
 _LOGGER = logging.getLogger(__name__)
 
 CLIENT_INFO = "Home Assistant Realtime Voice"
 API_AUDIO_PORT = 0  # answer a start with port 0: audio over the API connection
+API_AUDIO_FIRMWARE = (2026, 9)  # plays raw API audio while the mic streams
 MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (5 s)
 
 # Errors no retry will fix: the user must change the configuration.
@@ -74,6 +83,123 @@ class LinkConfig:
     backoff_max: float = 60.0
 
 
+class AnswerOutput(Protocol):
+    """Where one conversation's answer audio goes (one per conversation).
+
+    ``send`` gets the session's paced frames (16 kHz mono s16le, real-time pace,
+    ``lead_ms`` ahead); the link follows the session's states and calls the rest:
+    ``pause`` (speech onset: the player sends nothing more), ``resume`` (a false
+    barge-in: frames follow again), ``finish`` (the answer played to its end),
+    ``stop`` (the answer was cut: drop what the device still holds).
+    """
+
+    async def send(self, frame: bytes) -> None:
+        """Deliver one frame of answer audio to the device."""
+
+    def pause(self) -> None:
+        """No frame follows until ``resume`` (or ``stop``)."""
+
+    def resume(self) -> None:
+        """Frames follow again, continuing the paused answer."""
+
+    def finish(self) -> None:
+        """Close the answer: its last frame was played."""
+
+    def stop(self) -> None:
+        """Cut the answer: what the device still holds must not be heard."""
+
+    async def aclose(self) -> None:
+        """Stop what plays and release everything (the conversation is over)."""
+
+
+class ApiAudioOutput:
+    """Raw API audio (``send_voice_assistant_audio``), played by ESPHome ≥ 2026.9.
+
+    The device buffers what it got (no flush message exists): pause and stop just
+    send nothing more, the device plays out at most the player's lead.
+    """
+
+    def __init__(self, link: EsphomeLink) -> None:
+        """Send through ``link``'s current connection."""
+        self._link = link
+
+    async def send(self, frame: bytes) -> None:
+        """Send one frame over the API connection (dropped when disconnected)."""
+        await self._link._send_audio(frame)  # noqa: SLF001 - the link's own output
+
+    def pause(self) -> None:
+        """Nothing to do: no frame follows."""
+
+    def resume(self) -> None:
+        """Nothing to do: frames follow."""
+
+    def finish(self) -> None:
+        """Nothing to do: the device played everything."""
+
+    def stop(self) -> None:
+        """Nothing to do: the device plays out its lead (no flush message)."""
+
+    async def aclose(self) -> None:
+        """Nothing held."""
+
+
+class _FollowedOutput:
+    """Drives an ``AnswerOutput`` from its session's states (then reports them on)."""
+
+    def __init__(
+        self,
+        output: AnswerOutput,
+        on_state: Callable[[SessionState], None] | None,
+    ) -> None:
+        self.output = output
+        self.player: PacedPlayer | None = None
+        self._on_state = on_state
+        self._state = SessionState.LISTENING
+
+    def __call__(self, state: SessionState) -> None:
+        previous, self._state = self._state, state
+        output = self.output
+        if state is SessionState.PAUSED:
+            output.pause()
+        elif previous is SessionState.PAUSED and state in _PLAYING:
+            output.resume()
+        elif previous in _PLAYING or previous is SessionState.PAUSED:
+            if state in (SessionState.LISTENING, SessionState.ENDED):
+                # A natural end comes once the player's model says the device ran
+                # dry; audio still queued there, or a pause, means the answer was cut.
+                player = self.player
+                queued = player.device_queued_bytes() if player is not None else 0
+                if queued or previous is SessionState.PAUSED:
+                    output.stop()
+                else:
+                    output.finish()
+        if self._on_state is not None:
+            self._on_state(state)
+
+
+_PLAYING = (SessionState.SPEAKING, SessionState.RESUMING)
+
+
+def plays_api_audio(info: DeviceInfo, api_version: Any) -> bool:
+    """Return True when the firmware plays raw API audio while the mic streams."""
+    if _version(info.esphome_version) >= API_AUDIO_FIRMWARE:
+        return True
+    flags = (
+        info.voice_assistant_feature_flags_compat(api_version)
+        if api_version is not None
+        else info.voice_assistant_feature_flags
+    )
+    return bool(flags & VoiceAssistantFeature.SPEAKER)
+
+
+def _version(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for part in version.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 class EsphomeLink:
     """One ESPHome satellite: connection, voice assistant, duplex conversations.
 
@@ -90,12 +216,15 @@ class EsphomeLink:
         on_available: Callable[[bool], None] | None = None,
         on_conversation: Callable[[DuplexConversation | None], None] | None = None,
         on_state: Callable[[SessionState], None] | None = None,
+        streams: StreamOpener | None = None,
     ) -> None:
         """Bind the device's address to the duplex binding (kernel, STT, TTS).
 
         ``on_available(bool)`` follows connection changes; ``on_conversation``
         reports a conversation opening (and ``None`` when it closed); ``on_state``
         follows its session's state (listening, speaking, paused ...).
+        ``streams`` serves answer streams to firmware without raw API audio (its
+        media player fetches them); without it such a device gets API audio.
         """
         self.config = config
         self.binding = binding
@@ -103,6 +232,9 @@ class EsphomeLink:
         self._on_available = on_available
         self._on_conversation = on_conversation
         self._on_state = on_state
+        self._streams = streams
+        self.media_player_key: int | None = None  # set: answers go to the media player
+        self._outputs: dict[DuplexConversation, AnswerOutput] = {}
         self.client: APIClient | None = None
         self.device_info: DeviceInfo | None = None
         self.available = False
@@ -237,6 +369,7 @@ class EsphomeLink:
         self._lost = lost
         try:
             self.device_info = await client.device_info()
+            await self._choose_output(client)
             if self._segmenter is None:
                 self._segmenter = await warm_segmenter()
             self._unsubscribe = client.subscribe_voice_assistant(
@@ -325,16 +458,19 @@ class EsphomeLink:
     async def _open_conversation(self) -> None:
         if self._segmenter is None:
             self._segmenter = await warm_segmenter()
+        followed = _FollowedOutput(self._new_output(), self._on_state)
         conversation = await DuplexConversation.open(
             self.binding,
             name=self.name,
-            send=self._send_audio,
+            send=followed.output.send,
             segmenter=self._segmenter,
             on_end=self._session_ended,
-            on_state=self._on_state,
+            on_state=followed,
         )
+        followed.player = conversation.session.player
+        self._outputs[conversation] = followed.output
         if self.client is None or self._closed:
-            await conversation.aclose()
+            await self._release(conversation)
             return
         self.conversation = conversation
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
@@ -360,6 +496,8 @@ class EsphomeLink:
 
     async def _release(self, conversation: DuplexConversation) -> None:
         await conversation.aclose()
+        if (output := self._outputs.pop(conversation, None)) is not None:
+            await output.aclose()
         if self._on_conversation is not None:
             self._on_conversation(None)
 
@@ -376,6 +514,56 @@ class EsphomeLink:
         if send_run_end:
             self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
         await self._release(conversation)
+
+    # --- answer output ------------------------------------------------------------
+
+    async def _choose_output(self, client: APIClient) -> None:
+        """Pick where answers go on this connection (firmware and media player)."""
+        self.media_player_key = None
+        info = self.device_info
+        if info is None or self._streams is None:
+            return
+        if plays_api_audio(info, client.api_version):
+            return
+        entities, _services = await client.list_entities_services()
+        for entity in entities:
+            if isinstance(entity, MediaPlayerInfo):
+                self.media_player_key = entity.key
+                _LOGGER.debug(
+                    "%s (ESPHome %s) plays answers through its media player",
+                    self.name,
+                    info.esphome_version,
+                )
+                return
+        _LOGGER.warning(
+            "ESPHome satellite %s (ESPHome %s) has no media player: answers are sent"
+            " as raw audio, which firmware before 2026.9 does not play",
+            self.name,
+            info.esphome_version,
+        )
+
+    def _new_output(self) -> AnswerOutput:
+        """Return the output of a new conversation, as chosen at connect time."""
+        if self.media_player_key is not None and self._streams is not None:
+            return MediaStreamOutput(
+                self._streams,
+                play=functools.partial(self._media_command, announce=True),
+                stop=functools.partial(self._media_command, None),
+            )
+        return ApiAudioOutput(self)
+
+    def _media_command(self, url: str | None, *, announce: bool = True) -> None:
+        """Play ``url`` as an announcement on the media player, or stop it (None)."""
+        client, key = self.client, self.media_player_key
+        if client is None or key is None:
+            return
+        with contextlib.suppress(APIConnectionError):
+            if url is None:
+                client.media_player_command(
+                    key, command=MediaPlayerCommand.STOP, announcement=True
+                )
+            else:
+                client.media_player_command(key, media_url=url, announcement=announce)
 
     async def _send_audio(self, frame: bytes) -> None:
         client = self.client

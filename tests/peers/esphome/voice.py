@@ -498,7 +498,11 @@ class VoiceAssistant:
             for source, url in items:
                 playback = Playback(source=source, url=url)
                 self.playbacks.append(playback)
-                await speaker.play_url(playback)
+                try:
+                    await speaker.play_url(playback)
+                except asyncio.CancelledError:
+                    self._record.add(Kind.PLAYBACK, playback=playback)  # stopped
+                    raise
                 self._record.add(Kind.PLAYBACK, playback=playback)
                 ok = ok and playback.error is None
         finally:
