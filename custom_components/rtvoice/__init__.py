@@ -15,6 +15,7 @@ from .services import async_setup_services
 PLATFORMS: list[Platform] = [
     Platform.ASSIST_SATELLITE,
     Platform.CONVERSATION,
+    Platform.SELECT,
     Platform.SENSOR,
     Platform.WAKE_WORD,
 ]
