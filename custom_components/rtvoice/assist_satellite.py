@@ -47,6 +47,7 @@ from .const import DOMAIN
 from .duplex import SessionState
 from .duplex_ha import (
     SIGNAL_DUPLEX_UPDATE,
+    TTS_OPTIONS,
     DuplexSatellites,
     satellite_device_info,
     satellite_unique_id,
@@ -91,6 +92,9 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
     _attr_should_poll = False
     _attr_name = None  # the device's name
     _attr_supported_features = AssistSatelliteEntityFeature(0)
+    # Announcements as the duplex answers: 16 kHz mono WAV (every ESPHome media
+    # player plays it; the link does not read the device's media formats).
+    _attr_tts_options = dict(TTS_OPTIONS)
 
     def __init__(
         self, entry: RtVoiceConfigEntry, duplex: DuplexSatellites, key: str
