@@ -107,7 +107,14 @@ class StateLog:
     hass: HomeAssistant
     entity_id: str
     seen: list[str] = field(default_factory=list)
-    _waiters: list[tuple[str, int, asyncio.Future[None]]] = field(default_factory=list)
+    _waiters: list[tuple[tuple[str, ...], asyncio.Future[None]]] = field(
+        default_factory=list
+    )
+
+    def _has(self, states: tuple[str, ...]) -> bool:
+        """Whether ``states`` were taken in this order (others in between)."""
+        remaining = iter(self.seen)
+        return all(state in remaining for state in states)
 
     @callback
     def changed(self, event: Event[EventStateChangedData]) -> None:
@@ -116,21 +123,21 @@ class StateLog:
         if state is None:
             return
         self.seen.append(state.state)
-        for wanted, count, future in self._waiters:
-            if self.seen.count(wanted) >= count and not future.done():
+        for states, future in self._waiters:
+            if self._has(states) and not future.done():
                 future.set_result(None)
 
-    async def reached(self, wanted: str, count: int = 1) -> None:
-        """Return once the entity has been ``wanted`` ``count`` times."""
-        if self.seen.count(wanted) >= count:
+    async def reached(self, *states: str) -> None:
+        """Return once the entity has taken ``states`` in this order."""
+        if self._has(states):
             return
         future: asyncio.Future[None] = self.hass.loop.create_future()
-        self._waiters.append((wanted, count, future))
+        self._waiters.append((states, future))
         await wait(future, SAFETY)
 
 
 def satellite_device(**config: Any) -> EmulatedDevice:
-    """A Voice PE-like satellite (announce, start_conversation) on 2026.9."""
+    """Return a Voice PE-like satellite (announce, start_conversation) on 2026.9."""
     config.setdefault("name", "kitchen-duplex")
     config.setdefault("friendly_name", "Kitchen duplex")
     config.setdefault("mac_address", "AA:BB:CC:DD:EE:42")
@@ -140,7 +147,7 @@ def satellite_device(**config: Any) -> EmulatedDevice:
 
 
 def stored(device: EmulatedDevice, **settings: Any) -> dict[str, Any]:
-    """The satellite's dict in the entry options, as the options flow stores it."""
+    """Return the satellite's dict in the entry options, as the flow stores it."""
     return {
         CONF_HOST: device.host,
         CONF_PORT: device.port,
@@ -293,8 +300,7 @@ async def test_pipeline_select_applies_to_the_next_utterance(
         first = await wait(rig.stt[0].wait_for_request(1), SAFETY)
         assert first.transcript == ASK
         await wait(rig.tts[0].wait_for_request(1), SAFETY)
-        await rig.states.reached("responding")
-        await rig.states.reached("listening", 2)  # the answer has played
+        await rig.states.reached("responding", "listening")  # the answer played
         child = rig.link.conversation.child_id  # type: ignore[union-attr]
 
         await hass.services.async_call(
@@ -312,7 +318,9 @@ async def test_pipeline_select_applies_to_the_next_utterance(
         assert len(rig.tts[0].requests) == 1
         assert rig.link.conversation.child_id == child  # type: ignore[union-attr]
         users = [
-            m["content"] for m in openai_peer.requests[-1].messages if m["role"] == "user"
+            m["content"]
+            for m in openai_peer.requests[-1].messages
+            if m["role"] == "user"
         ]
         assert users == [ASK, ASK]
 
@@ -385,8 +393,10 @@ async def test_echo_cancellation_when_asked_and_why_not(
             r.getMessage() for r in caplog.records if "Echo cancellation" in r.message
         ]
         assert warnings == [
-            "Echo cancellation is turned on for Kitchen duplex but cannot run here:"
-            " the livekit package is not installed"
+            (
+                "Echo cancellation is turned on for Kitchen duplex but cannot run"
+                " here: the livekit package is not installed"
+            )
         ]
         assert await hass.config_entries.async_unload(entry.entry_id)
 
@@ -518,7 +528,10 @@ async def test_wake_word_configuration_round_trips(
 
         async def configuration() -> dict[str, Any]:
             await client.send_json_auto_id(
-                {"type": "assist_satellite/get_configuration", "entity_id": rig.satellite}
+                {
+                    "type": "assist_satellite/get_configuration",
+                    "entity_id": rig.satellite,
+                }
             )
             msg = await client.receive_json()
             assert msg["success"], msg
@@ -557,6 +570,6 @@ async def test_entity_unavailable_while_the_link_is_down(
         assert rig.device.drop_connection() == 1
         await rig.states.reached(STATE_UNAVAILABLE)
         await wait(rig.device.wait_for_voice_client(since), SAFETY)
-        await rig.states.reached("idle", 2)
+        await rig.states.reached(STATE_UNAVAILABLE, "idle")
         assert hass.states.get(rig.satellite).state == "idle"  # type: ignore[union-attr]
     assert leftover_tasks() == []
