@@ -466,10 +466,12 @@ class DuplexSatellites:
     def _conversation(self, key: str, conversation: DuplexConversation | None) -> None:
         if conversation is None:
             self.states[key] = None
-        elif opening := self._openings.pop(key, None):
-            # Opened by the device's start after a start_conversation announcement:
-            # the model must know what it asked.
-            self.kernel.record_said(conversation.child_id, opening)
+        else:
+            self.states[key] = conversation.session.state  # listening, at first
+            if opening := self._openings.pop(key, None):
+                # Opened by the device's start after a start_conversation
+                # announcement: the model must know what it asked.
+                self.kernel.record_said(conversation.child_id, opening)
         self._changed(key)
 
     @callback

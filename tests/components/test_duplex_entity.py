@@ -300,7 +300,7 @@ async def test_pipeline_select_applies_to_the_next_utterance(
         first = await wait(rig.stt[0].wait_for_request(1), SAFETY)
         assert first.transcript == ASK
         await wait(rig.tts[0].wait_for_request(1), SAFETY)
-        await rig.states.reached("responding", "listening")  # the answer played
+        await rig.states.reached("listening", "responding", "listening")  # played
         child = rig.link.conversation.child_id  # type: ignore[union-attr]
 
         await hass.services.async_call(
@@ -491,7 +491,8 @@ async def test_start_conversation_announces_then_listens(
         request = await wait(openai_peer.wait_for_request(1), SAFETY)
         messages = [(m["role"], m["content"]) for m in request.messages]
         assert messages[-2:] == [("assistant", OPENING), ("user", REPLY)]
-        await rig.states.reached("responding")
+        # The announcement, the device listening, the answer.
+        await rig.states.reached("responding", "listening", "responding")
         conversation = rig.link.conversation
         assert conversation is not None
         await wait(rig.device.wait_for_event(EventType.RUN_END), SAFETY)
