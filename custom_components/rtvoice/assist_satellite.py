@@ -147,7 +147,8 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
             if not was_available:
                 self._refresh_configuration()
         state = self._duplex.states.get(self._key)
-        if self._is_announcing:
+        # HA's base class sets it around async_announce (read defensively: private).
+        if getattr(self, "_is_announcing", False):
             new_state = AssistSatelliteState.RESPONDING  # until it has played
         elif state is None:
             new_state = AssistSatelliteState.IDLE
