@@ -16,6 +16,7 @@ from .services import async_setup_services
 PLATFORMS: list[Platform] = [
     Platform.ASSIST_SATELLITE,
     Platform.CONVERSATION,
+    Platform.SELECT,
     Platform.SENSOR,
     Platform.WAKE_WORD,
 ]

@@ -1,31 +1,60 @@
-"""One ``assist_satellite`` entity per duplex ESPHome satellite (issue 10, preview).
+"""One ``assist_satellite`` entity per duplex ESPHome satellite (issue 10).
 
 The entity sits on the satellite's own device (name and MAC from its device info,
 so it joins the device HA's esphome integration made for the same board), is
 available while the link is connected, and its state follows the duplex session:
-idle (no conversation), listening, responding (the answer plays). Announcements and
-start_conversation are not offered yet (no supported features); the pipeline is
-not selectable either: the preferred pipeline's STT and TTS are used.
+idle (no conversation), listening, responding (the answer or an announcement
+plays). What HA's satellite features need, as HA's esphome entity does it:
+
+- the pipeline select on the same device (``select.py``) chooses the pipeline
+  whose STT and TTS the duplex conversations use (``pipeline_entity_id``);
+- announcements (``ANNOUNCE``) play on the device through its voice assistant
+  (``VoiceAssistantAnnounceRequest``); one that arrives during a conversation
+  closes that conversation first, as HA cancels a running pipeline;
+- ``START_CONVERSATION``: the announcement, then the device listens; the
+  conversation its start opens has the announced text in its history as what the
+  assistant said;
+- the wake word configuration is the device's own (read when the link connects).
+
+Announce and start_conversation are offered when the device's firmware reports
+them (its voice assistant feature flags).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+
+from aioesphomeapi import APIConnectionError, VoiceAssistantFeature
+
 from homeassistant.components.assist_pipeline import PipelineEvent
 from homeassistant.components.assist_satellite import (
+    AssistSatelliteAnnouncement,
     AssistSatelliteConfiguration,
     AssistSatelliteEntity,
     AssistSatelliteEntityFeature,
+    AssistSatelliteWakeWord,
 )
 from homeassistant.components.assist_satellite.entity import AssistSatelliteState
+from homeassistant.const import Platform
 from homeassistant.core import HomeAssistant, callback
-from homeassistant.helpers import device_registry as dr
+from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .const import DOMAIN
 from .duplex import SessionState
-from .duplex_ha import SIGNAL_DUPLEX_UPDATE, DuplexSatellites
+from .duplex_ha import (
+    SIGNAL_DUPLEX_UPDATE,
+    TTS_OPTIONS,
+    DuplexSatellites,
+    satellite_device_info,
+    satellite_unique_id,
+)
 from .runtime import RtVoiceConfigEntry
+
+_LOGGER = logging.getLogger(__name__)
 
 PARALLEL_UPDATES = 0
 
@@ -34,6 +63,13 @@ _STATES = {
     SessionState.PAUSED: AssistSatelliteState.LISTENING,  # the user talks over
     SessionState.SPEAKING: AssistSatelliteState.RESPONDING,
     SessionState.RESUMING: AssistSatelliteState.RESPONDING,
+}
+
+_FEATURES = {
+    VoiceAssistantFeature.ANNOUNCE: AssistSatelliteEntityFeature.ANNOUNCE,
+    VoiceAssistantFeature.START_CONVERSATION: (
+        AssistSatelliteEntityFeature.START_CONVERSATION
+    ),
 }
 
 
@@ -56,6 +92,9 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
     _attr_should_poll = False
     _attr_name = None  # the device's name
     _attr_supported_features = AssistSatelliteEntityFeature(0)
+    # Announcements as the duplex answers: 16 kHz mono WAV (every ESPHome media
+    # player plays it; the link does not read the device's media formats).
+    _attr_tts_options = dict(TTS_OPTIONS)
 
     def __init__(
         self, entry: RtVoiceConfigEntry, duplex: DuplexSatellites, key: str
@@ -63,57 +102,153 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
         """Describe the satellite from what was stored when it was added."""
         self._duplex = duplex
         self._key = key
-        self._entry_id = entry.entry_id
-        conf = duplex.configs[key]
-        self._attr_unique_id = f"{entry.entry_id}-duplex-{key}"
-        connections = set()
-        if conf.get("mac"):
-            connections.add((dr.CONNECTION_NETWORK_MAC, dr.format_mac(conf["mac"])))
-        self._attr_device_info = dr.DeviceInfo(
-            identifiers={(DOMAIN, f"duplex-{key}")},
-            connections=connections,
-            name=str(conf.get("name") or conf["host"]),
-            manufacturer="ESPHome",
-            model="Duplex satellite",
-        )
+        self._entry = entry
+        self._attr_unique_id = satellite_unique_id(entry.entry_id, key)
+        self._attr_device_info = satellite_device_info(key, duplex.configs[key])
         self._attr_available = False
+        # Placeholder until the device answers (as HA's esphome entity).
+        self._configuration = AssistSatelliteConfiguration(
+            available_wake_words=[], active_wake_words=[], max_active_wake_words=1
+        )
+        self._config_task: asyncio.Task[None] | None = None
+
+    @property
+    def pipeline_entity_id(self) -> str | None:
+        """The pipeline select on the satellite's device."""
+        return er.async_get(self.hass).async_get_entity_id(
+            Platform.SELECT, DOMAIN, f"{self._attr_unique_id}-pipeline"
+        )
 
     async def async_added_to_hass(self) -> None:
-        """Follow the link."""
+        """Follow the link; conversations render this satellite's prompt sections."""
         await super().async_added_to_hass()
         self.async_on_remove(
             async_dispatcher_connect(
                 self.hass,
-                SIGNAL_DUPLEX_UPDATE.format(self._entry_id, self._key),
+                SIGNAL_DUPLEX_UPDATE.format(self._entry.entry_id, self._key),
                 self._updated,
             )
         )
+        self._duplex.set_prompt_scope(self._key, self.entity_id)
         self._updated()
 
     @callback
     def _updated(self) -> None:
         link = self._duplex.links.get(self._key)
+        was_available = self._attr_available
         self._attr_available = link is not None and link.available
+        if link is not None and self._attr_available:
+            flags = link.voice_assistant_features
+            features = AssistSatelliteEntityFeature(0)
+            for flag, feature in _FEATURES.items():
+                if flags & flag:
+                    features |= feature
+            self._attr_supported_features = features
+            if not was_available:
+                self._refresh_configuration()
         state = self._duplex.states.get(self._key)
+        # HA's base class sets it around async_announce (read defensively: private).
+        if getattr(self, "_is_announcing", False):
+            new_state = AssistSatelliteState.RESPONDING  # until it has played
+        elif state is None:
+            new_state = AssistSatelliteState.IDLE
+        else:
+            new_state = _STATES.get(state, AssistSatelliteState.IDLE)
         # Writes the state (called only once the entity is added).
-        self._set_state(
-            _STATES.get(state, AssistSatelliteState.IDLE)
-            if state is not None
-            else AssistSatelliteState.IDLE
+        self._set_state(new_state)
+
+    # --- announcements --------------------------------------------------------------
+
+    async def async_announce(self, announcement: AssistSatelliteAnnouncement) -> None:
+        """Play the announcement on the device; return when it has played."""
+        await self._duplex.async_announce(
+            self._key,
+            announcement.media_id,
+            announcement.message,
+            preannounce_media_id=announcement.preannounce_media_id,
         )
+
+    async def async_start_conversation(
+        self, start_announcement: AssistSatelliteAnnouncement
+    ) -> None:
+        """Announce, then the device listens: its start opens the conversation."""
+        await self._duplex.async_announce(
+            self._key,
+            start_announcement.media_id,
+            start_announcement.message,
+            preannounce_media_id=start_announcement.preannounce_media_id,
+            start_conversation=True,
+        )
+
+    # --- wake word configuration ----------------------------------------------------
 
     @callback
     def async_get_configuration(self) -> AssistSatelliteConfiguration:
-        """No wake word configuration yet (the device keeps its own)."""
-        return AssistSatelliteConfiguration(
-            available_wake_words=[], active_wake_words=[], max_active_wake_words=0
-        )
+        """Return the device's wake words, as last read from it."""
+        return self._configuration
 
     async def async_set_configuration(
         self, config: AssistSatelliteConfiguration
     ) -> None:
-        """Wake word configuration is not offered yet."""
-        raise NotImplementedError
+        """Set the device's active wake words, then read its configuration back."""
+        link = self._duplex.connected_link(self._key)
+        try:
+            await link.set_active_wake_words(config.active_wake_words)
+        except APIConnectionError as err:
+            raise self._duplex.unavailable(self._key) from err
+        await self._async_read_configuration()
+
+    @callback
+    def _refresh_configuration(self) -> None:
+        """Read the configuration in the background (the link just connected)."""
+        self._cancel_config_task()
+        self._config_task = self._entry.async_create_background_task(
+            self.hass,
+            self._async_read_configuration(),
+            f"{DOMAIN} wake words {self._key}",
+        )
+
+    @callback
+    def _cancel_config_task(self) -> None:
+        task, self._config_task = self._config_task, None
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _async_read_configuration(self) -> None:
+        link = self._duplex.links.get(self._key)
+        if link is None:
+            return
+        try:
+            config = await link.voice_assistant_configuration()
+        except (APIConnectionError, TimeoutError) as err:
+            # The placeholder stays; the next connection reads it again.
+            _LOGGER.debug(
+                "No wake word configuration from %s: %s",
+                self._key,
+                type(err).__name__,
+            )
+            return
+        self._configuration = AssistSatelliteConfiguration(
+            available_wake_words=[
+                AssistSatelliteWakeWord(
+                    id=model.id,
+                    wake_word=model.wake_word,
+                    trained_languages=list(model.trained_languages),
+                )
+                for model in config.available_wake_words
+            ],
+            active_wake_words=list(config.active_wake_words),
+            max_active_wake_words=config.max_active_wake_words,
+        )
+
+    async def async_will_remove_from_hass(self) -> None:
+        """Stop reading the configuration."""
+        task, self._config_task = self._config_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await super().async_will_remove_from_hass()
 
     def on_pipeline_event(self, event: PipelineEvent) -> None:
         """No Assist pipeline runs through this entity (duplex sessions do not)."""

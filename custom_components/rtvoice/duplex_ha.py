@@ -2,18 +2,24 @@
 
 - ``async_probe_satellite`` tests a satellite before the options flow stores it
   (distinct reasons for the form's errors);
-- ``pipeline_stt`` / ``pipeline_tts`` bind the duplex session's speech to the
-  preferred Assist pipeline's STT and TTS engines, read at every use (a changed
-  pipeline applies to the next utterance);
+- ``pipeline_stt`` / ``pipeline_tts`` bind the duplex session's speech to the STT
+  and TTS engines of the satellite's Assist pipeline (its pipeline select; the
+  preferred pipeline when none is chosen), read at every use: a change applies to
+  the next utterance;
+- ``satellite_binding`` builds one ``DuplexBinding`` per satellite from its stored
+  settings (barge-in mode, server-side echo cancellation, end silence);
 - ``DuplexSatellites`` runs one ``EsphomeLink`` per stored satellite on the entry's
-  kernel and tells the satellite entities (a dispatcher signal) when a link's
-  availability or session state changes. ``async_stop`` leaves no task.
+  kernel, tells the satellite entities (a dispatcher signal) when a link's
+  availability or session state changes, plays announcements, and records the
+  announcement of a ``start_conversation`` in the conversation it opens.
+  ``async_stop`` leaves no task.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import dataclasses
 import functools
 import io
 import ipaddress
@@ -32,15 +38,36 @@ from aioesphomeapi import (
 
 from homeassistant.components import stt, tts
 from homeassistant.components.assist_pipeline import async_get_pipeline
+from homeassistant.components.assist_pipeline.select import get_chosen_pipeline
 from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant, callback
+from homeassistant.exceptions import HomeAssistantError
+from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers.device_registry import format_mac
 from homeassistant.helpers.dispatcher import async_dispatcher_send
 
 from .compat import tts_synthesise
-from .const import CONF_ESPHOME_VERSION, CONF_MAC, CONF_NOISE_PSK, DEFAULT_ESPHOME_PORT
-from .duplex import BargeIn, DuplexOptions, SessionState
-from .duplex_link import DuplexBinding, RoundEnds
+from .const import (
+    CONF_BARGE_IN,
+    CONF_ECHO_CANCELLATION,
+    CONF_END_SILENCE,
+    CONF_ESPHOME_VERSION,
+    CONF_MAC,
+    CONF_NOISE_PSK,
+    DEFAULT_BARGE_IN,
+    DEFAULT_ECHO_CANCELLATION,
+    DEFAULT_END_SILENCE,
+    DEFAULT_ESPHOME_PORT,
+    DOMAIN,
+)
+from .duplex import (
+    BargeIn,
+    DuplexOptions,
+    EchoCanceller,
+    SessionState,
+    echo_unavailable_reason,
+)
+from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .duplex_stream import async_stream_registry
 from .esphome_link import CLIENT_INFO, EsphomeLink, LinkConfig
 from .kernel import Kernel
@@ -60,6 +87,9 @@ TTS_OPTIONS: Final = {
     tts.ATTR_PREFERRED_SAMPLE_BYTES: 2,
 }
 VOICE_ASSISTANT_FLAG: Final = 1  # VoiceAssistantFeature.VOICE_ASSISTANT
+
+type PipelineChoice = Callable[[], str | None]
+"""Return the id of the pipeline to use now (None: the preferred one)."""
 
 
 class ProbeError(Exception):
@@ -142,17 +172,79 @@ def satellite_key(conf: Mapping[str, Any]) -> str:
     return f"{conf[CONF_HOST]}:{conf.get(CONF_PORT, DEFAULT_ESPHOME_PORT)}"
 
 
+def satellite_unique_id(entry_id: str, key: str) -> str:
+    """Return the satellite entity's unique id (its selects' id prefix)."""
+    return f"{entry_id}-duplex-{key}"
+
+
+def satellite_device_info(key: str, conf: Mapping[str, Any]) -> dr.DeviceInfo:
+    """Describe the satellite's device (its MAC joins HA esphome's device)."""
+    connections = set()
+    if conf.get(CONF_MAC):
+        connections.add((dr.CONNECTION_NETWORK_MAC, format_mac(str(conf[CONF_MAC]))))
+    return dr.DeviceInfo(
+        identifiers={(DOMAIN, f"duplex-{key}")},
+        connections=connections,
+        name=str(conf.get("name") or conf[CONF_HOST]),
+        manufacturer="ESPHome",
+        model="Duplex satellite",
+    )
+
+
+@callback
+def chosen_pipeline(hass: HomeAssistant, entry_id: str, key: str) -> str | None:
+    """Pipeline id chosen in the satellite's pipeline select (None: preferred)."""
+    return get_chosen_pipeline(hass, DOMAIN, satellite_unique_id(entry_id, key))
+
+
+def satellite_options(conf: Mapping[str, Any]) -> DuplexOptions:
+    """Return the duplex session's options from a satellite's settings."""
+    try:
+        barge_in = BargeIn(conf.get(CONF_BARGE_IN, DEFAULT_BARGE_IN))
+    except ValueError:
+        barge_in = BargeIn(DEFAULT_BARGE_IN)
+    try:
+        end_silence = float(conf.get(CONF_END_SILENCE, DEFAULT_END_SILENCE))
+    except (TypeError, ValueError):
+        end_silence = DEFAULT_END_SILENCE
+    return DuplexOptions(
+        barge_in=barge_in, end_silence_ms=max(0, round(end_silence * 1000))
+    )
+
+
+def satellite_echo(
+    name: str, conf: Mapping[str, Any]
+) -> Callable[[], EchoCanceller | None] | None:
+    """Return the echo canceller factory when asked for and able to run.
+
+    Asked for but unavailable here (no ``livekit`` wheel): one warning saying why
+    (each time the entry loads), and the satellite runs without it.
+    """
+    if not conf.get(CONF_ECHO_CANCELLATION, DEFAULT_ECHO_CANCELLATION):
+        return None
+    if (reason := echo_unavailable_reason()) is not None:
+        _LOGGER.warning(
+            "Echo cancellation is turned on for %s but cannot run here: %s",
+            name,
+            reason,
+        )
+        return None
+    return EchoCanceller
+
+
 # --------------------------------------------------------------------------- speech
 
 
-def pipeline_stt(hass: HomeAssistant) -> Any:
-    """Transcribe an utterance with the preferred pipeline's STT engine."""
+def pipeline_stt(hass: HomeAssistant, choice: PipelineChoice | None = None) -> Any:
+    """Transcribe an utterance with the chosen (else preferred) pipeline's STT."""
 
     async def transcribe(pcm: bytes) -> str:
-        pipeline = async_get_pipeline(hass)
+        pipeline = async_get_pipeline(hass, choice() if choice else None)
         engine = pipeline.stt_engine
         if not engine:
-            raise RuntimeError("the preferred Assist pipeline has no speech-to-text")
+            raise RuntimeError(
+                f"the Assist pipeline {pipeline.name!r} has no speech-to-text"
+            )
         provider: Any = stt.async_get_speech_to_text_entity(hass, engine)
         if provider is None:
             provider = stt.async_get_provider(hass, engine)  # legacy platform
@@ -179,14 +271,16 @@ def pipeline_stt(hass: HomeAssistant) -> Any:
     return transcribe
 
 
-def pipeline_tts(hass: HomeAssistant) -> Any:
-    """Speak a sentence with the preferred pipeline's TTS engine, as 16 kHz PCM."""
+def pipeline_tts(hass: HomeAssistant, choice: PipelineChoice | None = None) -> Any:
+    """Speak a sentence with the chosen (else preferred) pipeline's TTS, as 16 kHz PCM."""
 
     async def synthesise(text: str) -> AsyncIterator[bytes]:
-        pipeline = async_get_pipeline(hass)
+        pipeline = async_get_pipeline(hass, choice() if choice else None)
         engine = pipeline.tts_engine
         if not engine:
-            raise RuntimeError("the preferred Assist pipeline has no text-to-speech")
+            raise RuntimeError(
+                f"the Assist pipeline {pipeline.name!r} has no text-to-speech"
+            )
         options: dict[str, Any] = dict(TTS_OPTIONS)
         if pipeline.tts_voice is not None:
             options[tts.ATTR_VOICE] = pipeline.tts_voice
@@ -218,7 +312,7 @@ def _wav_pcm(extension: str, audio: bytes) -> bytes:
 
 
 class DuplexSatellites:
-    """The duplex satellites of one entry: one ``EsphomeLink`` each."""
+    """The duplex satellites of one entry: one ``EsphomeLink`` and binding each."""
 
     def __init__(
         self,
@@ -231,19 +325,32 @@ class DuplexSatellites:
         """Bind the stored satellites to the entry's kernel (nothing runs yet)."""
         self.hass = hass
         self.entry_id = entry_id
+        self.kernel = kernel
         self.configs: dict[str, Mapping[str, Any]] = {
             satellite_key(conf): conf for conf in satellites
         }
-        self.binding = DuplexBinding(
-            kernel=kernel,
-            stt=pipeline_stt(hass),
-            tts=pipeline_tts(hass),
-            # Without echo cancellation on the board, only the wake word interrupts.
-            options=DuplexOptions(barge_in=BargeIn.WAKE_WORD),
-            round_ends=round_ends,
-        )
+        self.bindings: dict[str, DuplexBinding] = {
+            key: self._binding(key, conf, round_ends)
+            for key, conf in self.configs.items()
+        }
         self.links: dict[str, EsphomeLink] = {}
         self.states: dict[str, SessionState | None] = {}
+        # What a start_conversation announced, for the conversation it opens next.
+        self._openings: dict[str, str] = {}
+
+    def _binding(
+        self, key: str, conf: Mapping[str, Any], round_ends: RoundEnds
+    ) -> DuplexBinding:
+        """Build the satellite's own binding: its pipeline's speech, its settings."""
+        choice = functools.partial(chosen_pipeline, self.hass, self.entry_id, key)
+        return DuplexBinding(
+            kernel=self.kernel,
+            stt=pipeline_stt(self.hass, choice),
+            tts=pipeline_tts(self.hass, choice),
+            options=satellite_options(conf),
+            round_ends=round_ends,
+            echo=satellite_echo(str(conf.get("name") or conf[CONF_HOST]), conf),
+        )
 
     async def async_start(self) -> None:
         """Start connecting every satellite (in the background).
@@ -265,7 +372,7 @@ class DuplexSatellites:
                 port=int(conf.get(CONF_PORT, DEFAULT_ESPHOME_PORT)),
                 noise_psk=conf.get(CONF_NOISE_PSK) or None,
             ),
-            self.binding,
+            self.bindings[key],
             zeroconf_instance=await _zeroconf(self.hass, host),
             on_available=functools.partial(self._available, key),
             on_conversation=functools.partial(self._conversation, key),
@@ -281,16 +388,92 @@ class DuplexSatellites:
         """Close every link (conversations handed off); no task is left."""
         links = list(self.links.values())
         self.links.clear()
+        self._openings.clear()
         await asyncio.gather(*(link.aclose() for link in links))
 
     @callback
-    def _available(self, key: str, _available: bool) -> None:
+    def set_prompt_scope(self, key: str, scope: str | None) -> None:
+        """Render the satellite's prompt sections (its entity id) in its conversations.
+
+        Applies to conversations opened from now on.
+        """
+        binding = dataclasses.replace(self.bindings[key], prompt_scope=scope)
+        self.bindings[key] = binding
+        if (link := self.links.get(key)) is not None:
+            link.binding = binding
+
+    def connected_link(self, key: str) -> EsphomeLink:
+        """Return the satellite's link if connected; else raise ``HomeAssistantError``."""
+        link = self.links.get(key)
+        if link is None or not link.available:
+            raise self.unavailable(key)
+        return link
+
+    def unavailable(self, key: str) -> HomeAssistantError:
+        """Return the error for an action on a satellite that is not connected."""
+        return HomeAssistantError(
+            translation_domain=DOMAIN,
+            translation_key="satellite_unavailable",
+            translation_placeholders={
+                "satellite": str(self.configs[key].get("name") or key)
+            },
+        )
+
+    async def async_announce(
+        self,
+        key: str,
+        media_id: str,
+        message: str,
+        *,
+        preannounce_media_id: str | None = None,
+        start_conversation: bool = False,
+    ) -> None:
+        """Play an announcement on the satellite; return when it has played.
+
+        A conversation running on the satellite is closed first (what was heard
+        stays in its transcript), as Home Assistant cancels a running pipeline for
+        an announcement. With ``start_conversation`` the satellite listens
+        afterwards and the conversation that opens has ``message`` in its history
+        as what the assistant said.
+        """
+        link = self.connected_link(key)
+        if start_conversation and message:
+            self._openings[key] = message
+        else:
+            self._openings.pop(key, None)
+        try:
+            await link.announce(
+                media_id,
+                message,
+                preannounce_media_id=preannounce_media_id or "",
+                start_conversation=start_conversation,
+            )
+        except BaseException as err:
+            self._openings.pop(key, None)
+            if isinstance(err, (APIConnectionError, TimeoutError)):
+                raise HomeAssistantError(
+                    translation_domain=DOMAIN,
+                    translation_key="announce_failed",
+                    translation_placeholders={"error": type(err).__name__},
+                ) from err
+            raise
+
+    @callback
+    def _available(self, key: str, available: bool) -> None:
+        if not available:
+            self._openings.pop(key, None)  # the device forgot it too
         self._changed(key)
 
     @callback
-    def _conversation(self, key: str, conversation: object) -> None:
+    def _conversation(self, key: str, conversation: DuplexConversation | None) -> None:
         if conversation is None:
             self.states[key] = None
+        else:
+            self.states[key] = conversation.session.state  # listening, at first
+            if opening := self._openings.pop(key, None):
+                # Opened by the device's start after a start_conversation
+                # announcement: the model must know what it asked.
+                self.kernel.record_said(conversation.child_id, opening)
         self._changed(key)
 
     @callback

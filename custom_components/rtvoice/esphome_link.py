@@ -46,6 +46,7 @@ from aioesphomeapi import (
     MediaPlayerCommand,
     MediaPlayerInfo,
     RequiresEncryptionAPIError,
+    VoiceAssistantConfigurationResponse,
     VoiceAssistantEventType,
     VoiceAssistantFeature,
 )
@@ -60,6 +61,8 @@ CLIENT_INFO = "Home Assistant Realtime Voice"
 API_AUDIO_PORT = 0  # answer a start with port 0: audio over the API connection
 API_AUDIO_FIRMWARE = (2026, 9)  # plays raw API audio while the mic streams
 MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (5 s)
+ANNOUNCE_TIMEOUT = 15 * 60.0  # seconds an announcement may play (HA's esphome: same)
+CONFIG_TIMEOUT = 10.0  # seconds for the voice assistant configuration to come back
 
 # Errors no retry will fix: the user must change the configuration.
 FATAL_ERRORS = (
@@ -595,6 +598,64 @@ class EsphomeLink:
             _LOGGER.error(
                 "Duplex conversation on %s failed: %s", self.name, type(err).__name__
             )
+
+    # --- announcements and configuration (the satellite entity) --------------------
+
+    @property
+    def voice_assistant_features(self) -> int:
+        """``VoiceAssistantFeature`` flags of the connected device (0 until known)."""
+        info, client = self.device_info, self.client
+        if info is None or client is None or client.api_version is None:
+            return 0
+        return int(info.voice_assistant_feature_flags_compat(client.api_version))
+
+    async def announce(
+        self,
+        media_id: str,
+        text: str = "",
+        *,
+        preannounce_media_id: str = "",
+        start_conversation: bool = False,
+        timeout: float = ANNOUNCE_TIMEOUT,
+    ) -> None:
+        """Have the device play ``media_id`` (a URL it fetches); return once played.
+
+        A live conversation is closed first (RUN_END: the device stops streaming
+        its mic, then plays); its transcript keeps what was heard. With
+        ``start_conversation`` the device starts listening once the announcement
+        has played, and that start opens a new conversation. Raises
+        ``APIConnectionError`` when the device is not connected, ``TimeoutError``
+        when it does not report the announcement finished in time.
+        """
+        if self.client is None or not self.available:
+            raise APIConnectionError(f"{self.name} is not connected")
+        await self._end_conversation(send_run_end=True)
+        client = self.client
+        if client is None:
+            raise APIConnectionError(f"{self.name} is not connected")
+        await client.send_voice_assistant_announcement_await_response(
+            media_id,
+            timeout,
+            text,
+            preannounce_media_id=preannounce_media_id,
+            start_conversation=start_conversation,
+        )
+
+    async def voice_assistant_configuration(
+        self, timeout: float = CONFIG_TIMEOUT
+    ) -> VoiceAssistantConfigurationResponse:
+        """Return the device's wake words: available, active, how many may be."""
+        client = self.client
+        if client is None:
+            raise APIConnectionError(f"{self.name} is not connected")
+        return await client.get_voice_assistant_configuration(timeout)
+
+    async def set_active_wake_words(self, wake_word_ids: list[str]) -> None:
+        """Make exactly these wake words active on the device (no answer comes)."""
+        client = self.client
+        if client is None:
+            raise APIConnectionError(f"{self.name} is not connected")
+        await client.set_voice_assistant_configuration(list(wake_word_ids))
 
     @property
     def session_state(self) -> SessionState | None:

@@ -321,6 +321,28 @@ class Kernel:
         if child is not None:
             child.record_reply(seq, text)
 
+    def record_said(self, child_id: str, text: str) -> bool:
+        """Record what the assistant said outside any round; True when recorded.
+
+        For words the adapter spoke itself, e.g. the announcement that opened a
+        conversation (``start_conversation``): the model must know what it asked.
+        Committed as an assistant message only while the child is idle (no round
+        running, no input waiting), so the history keeps its protocol order;
+        otherwise (or for an unknown or stopped child, or empty text) nothing is
+        recorded and False is returned.
+        """
+        child = self._children.get(child_id)
+        if (
+            child is None
+            or child.stopped
+            or not text.strip()
+            or child.round is not None
+            or child.slot.pending
+        ):
+            return False
+        child.commit(Message("assistant", text))
+        return True
+
     def _cut_round(self, child: Child) -> None:
         rnd = child.round
         if rnd is None or rnd.task is None or rnd.task.done():

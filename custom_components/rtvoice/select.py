@@ -1,0 +1,63 @@
+"""The pipeline select of each duplex satellite (as HA's esphome and wyoming have).
+
+HA's ``AssistPipelineSelect`` on the satellite's device: "preferred" or a
+pipeline by name. The duplex conversations read it at every utterance and every
+sentence (``duplex_ha.chosen_pipeline``), so a change applies to the next one; the
+satellite entity names it as its ``pipeline_entity_id`` (announcements use its TTS).
+
+No VAD sensitivity select: in duplex mode the end of an utterance is found by the
+duplex session's own segmenter, which HA's sensitivity does not drive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from homeassistant.components.assist_pipeline.select import AssistPipelineSelect
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+from homeassistant.setup import async_setup_component
+
+from .const import DOMAIN
+from .duplex_ha import satellite_device_info, satellite_unique_id
+from .runtime import RtVoiceConfigEntry
+
+PARALLEL_UPDATES = 0
+
+PIPELINE_DOMAIN = "assist_pipeline"
+
+
+async def async_setup_entry(
+    hass: HomeAssistant,
+    entry: RtVoiceConfigEntry,
+    async_add_entities: AddConfigEntryEntitiesCallback,
+) -> None:
+    """Add a pipeline select per stored duplex satellite."""
+    duplex = entry.runtime_data.duplex
+    if not duplex.configs:
+        return
+    # The select reads the pipeline store: make sure it exists (the platforms of
+    # an entry are set up side by side, assist_satellite's dependencies too).
+    await async_setup_component(hass, PIPELINE_DOMAIN, {})
+    async_add_entities(
+        DuplexPipelineSelect(hass, entry.entry_id, key, conf)
+        for key, conf in duplex.configs.items()
+    )
+
+
+class DuplexPipelineSelect(AssistPipelineSelect):
+    """Which Assist pipeline's speech engines a duplex satellite uses."""
+
+    _attr_has_entity_name = True
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        entry_id: str,
+        key: str,
+        conf: Mapping[str, Any],
+    ) -> None:
+        """Place the select on the satellite's device."""
+        super().__init__(hass, DOMAIN, satellite_unique_id(entry_id, key))
+        self._attr_device_info = satellite_device_info(key, conf)
