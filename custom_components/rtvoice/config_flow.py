@@ -25,7 +25,12 @@ import voluptuous as vol
 from yarl import URL
 
 from homeassistant.components import conversation
-from homeassistant.config_entries import ConfigFlow, ConfigFlowResult, OptionsFlow
+from homeassistant.config_entries import (
+    ConfigEntryState,
+    ConfigFlow,
+    ConfigFlowResult,
+    OptionsFlow,
+)
 from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.data_entry_flow import AbortFlow
@@ -45,7 +50,9 @@ from homeassistant.helpers.selector import (
     TextSelectorConfig,
     TextSelectorType,
 )
+from homeassistant.helpers.service_info.zeroconf import ZeroconfServiceInfo
 
+from .audio.wakeword import MODELS
 from .brain import async_prime_openai
 from .const import (
     BRAIN_HA_AGENT,
@@ -69,6 +76,8 @@ from .const import (
     CONF_NOISE_PSK,
     CONF_PROMPT,
     CONF_TEMPERATURE,
+    CONF_WAKE_WORD,
+    CONF_WYOMING_SATELLITES,
     DEFAULT_AGENT_ID,
     DEFAULT_BASE_URL,
     DEFAULT_CARRY_OVER,
@@ -85,6 +94,7 @@ from .const import (
     DEFAULT_OPTIONS_OPENAI,
     DEFAULT_PROMPT,
     DEFAULT_TEMPERATURE,
+    DEFAULT_WYOMING_PORT,
     DOMAIN,
     LLM_API_NONE,
     MAX_CHUNK_TIMEOUT,
@@ -110,6 +120,13 @@ from .kernel.openai_provider import (
     ProviderModelNotFoundError,
 )
 from .redact import mask_secret, safe_url
+from .wyoming_ha import (
+    DEFAULT_WAKE_WORD,
+    WAKE_WORD_SATELLITE,
+    WyomingProbeError,
+    async_probe_wyoming,
+    wyoming_key,
+)
 
 if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
@@ -427,6 +444,101 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             errors=errors,
         )
 
+    # -- discovery ---------------------------------------------------------------------
+
+    async def async_step_zeroconf(
+        self, discovery_info: ZeroconfServiceInfo
+    ) -> ConfigFlowResult:
+        """Dispatch a zeroconf discovery on its service type."""
+        if discovery_info.type == WYOMING_ZEROCONF_TYPE:
+            return await self._async_discovered_wyoming(discovery_info)
+        return self.async_abort(reason="not_supported")
+
+    async def _async_discovered_wyoming(
+        self, discovery_info: ZeroconfServiceInfo
+    ) -> ConfigFlowResult:
+        """Offer a discovered ``_wyoming._tcp`` service when it is a satellite.
+
+        STT, TTS and wake word servers advertise the same type: they are left to
+        HA's wyoming integration. The unique id (zeroconf name + satellite name,
+        as HA's wyoming integration builds it) makes Ignore stick.
+        """
+        host, port = str(discovery_info.host), int(discovery_info.port or 0)
+        try:
+            info = await async_probe_wyoming(host, port)
+        except WyomingProbeError as err:
+            return self.async_abort(reason=err.reason)
+        assert info.satellite is not None
+        name = info.satellite.name
+        await self.async_set_unique_id(f"wyoming:{discovery_info.name}_{name}")
+        self._abort_if_unique_id_configured()
+        satellite = {CONF_HOST: host, CONF_PORT: port}
+        entries = self._async_rtvoice_entries()
+        if not entries:
+            return self.async_abort(reason="no_realtime_voice_entry")
+        for entry in entries:
+            for stored in entry.options.get(CONF_WYOMING_SATELLITES, []):
+                if wyoming_key(stored) == wyoming_key(satellite):
+                    return self.async_abort(reason="already_configured")
+        self._wyoming_discovered = {**satellite, CONF_NAME: name}
+        self.context["title_placeholders"] = {"name": name}
+        return await self.async_step_wyoming_confirm()
+
+    async def async_step_wyoming_confirm(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Confirm a discovered satellite: add it to an entry, which reloads."""
+        satellite = self._wyoming_discovered
+        entries = self._async_rtvoice_entries()
+        if not entries:
+            return self.async_abort(reason="no_realtime_voice_entry")
+        if user_input is not None:
+            entry_id = user_input.get("entry_id", entries[0].entry_id)
+            entry = next((e for e in entries if e.entry_id == entry_id), entries[0])
+            stored = {**satellite, CONF_WAKE_WORD: user_input[CONF_WAKE_WORD]}
+            # The update listener reloads the entry (a new satellite needs it).
+            self.hass.config_entries.async_update_entry(
+                entry, options=_with_wyoming(entry.options, stored)
+            )
+            return self.async_abort(
+                reason="wyoming_added", description_placeholders={"title": entry.title}
+            )
+        schema: dict[vol.Marker, Any] = {}
+        if len(entries) > 1:
+            schema[vol.Required("entry_id", default=entries[0].entry_id)] = (
+                SelectSelector(
+                    SelectSelectorConfig(
+                        options=[
+                            SelectOptionDict(value=e.entry_id, label=e.title)
+                            for e in entries
+                        ]
+                    )
+                )
+            )
+        schema[vol.Required(CONF_WAKE_WORD, default=DEFAULT_WAKE_WORD)] = (
+            _wake_word_selector()
+        )
+        return self.async_show_form(
+            step_id="wyoming_confirm",
+            data_schema=vol.Schema(schema),
+            description_placeholders={
+                "name": str(satellite[CONF_NAME]),
+                "address": wyoming_key(satellite),
+            },
+        )
+
+    _wyoming_discovered: dict[str, Any]
+
+    @callback
+    def _async_rtvoice_entries(self) -> list[RtVoiceConfigEntry]:
+        return [
+            entry
+            for entry in self.hass.config_entries.async_entries(
+                DOMAIN, include_ignore=False, include_disabled=False
+            )
+            if entry.state is ConfigEntryState.LOADED
+        ]
+
     # -- reauth (openai brain) ---------------------------------------------------------
 
     async def async_step_reauth(
@@ -567,6 +679,9 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
         menu = ["settings", "add_duplex"]
         if self._duplex():
             menu.append("remove_duplex")
+        menu.append("add_wyoming")
+        if self._wyoming():
+            menu.append("remove_wyoming")
         return self.async_show_menu(step_id="init", menu_options=menu)
 
     async def async_step_settings(
@@ -659,17 +774,90 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             ),
         )
 
+    async def async_step_add_wyoming(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Add a Wyoming satellite, once ``describe`` showed it is one."""
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            host = str(user_input[CONF_HOST]).strip()
+            port = int(user_input[CONF_PORT])
+            try:
+                info = await async_probe_wyoming(host, port)
+            except WyomingProbeError as err:
+                errors["base"] = err.reason
+            else:
+                assert info.satellite is not None
+                satellite = {
+                    CONF_HOST: host,
+                    CONF_PORT: port,
+                    CONF_NAME: info.satellite.name,
+                    CONF_WAKE_WORD: user_input[CONF_WAKE_WORD],
+                }
+                return self._store(
+                    {**self.config_entry.options},
+                    wyoming=_with_wyoming(self.config_entry.options, satellite)[
+                        CONF_WYOMING_SATELLITES
+                    ],
+                )
+        return self.async_show_form(
+            step_id="add_wyoming",
+            data_schema=self.add_suggested_values_to_schema(
+                _wyoming_schema(), user_input or {}
+            ),
+            errors=errors,
+        )
+
+    async def async_step_remove_wyoming(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Remove Wyoming satellites (their entities go with the entry's reload)."""
+        satellites = self._wyoming()
+        if user_input is not None:
+            gone = set(user_input[CONF_WYOMING_SATELLITES])
+            return self._store(
+                {**self.config_entry.options},
+                wyoming=[s for s in satellites if wyoming_key(s) not in gone],
+            )
+        choices = [
+            SelectOptionDict(
+                value=wyoming_key(s),
+                label=f"{s.get(CONF_NAME) or s[CONF_HOST]} ({wyoming_key(s)})",
+            )
+            for s in satellites
+        ]
+        return self.async_show_form(
+            step_id="remove_wyoming",
+            data_schema=vol.Schema(
+                {
+                    vol.Required(CONF_WYOMING_SATELLITES): SelectSelector(
+                        SelectSelectorConfig(options=choices, multiple=True)
+                    )
+                }
+            ),
+        )
+
     def _duplex(self) -> list[dict[str, Any]]:
         return list(self.config_entry.options.get(CONF_DUPLEX_SATELLITES, []))
 
+    def _wyoming(self) -> list[dict[str, Any]]:
+        return list(self.config_entry.options.get(CONF_WYOMING_SATELLITES, []))
+
     def _store(
-        self, options: dict[str, Any], duplex: list[dict[str, Any]] | None = None
+        self,
+        options: dict[str, Any],
+        duplex: list[dict[str, Any]] | None = None,
+        wyoming: list[dict[str, Any]] | None = None,
     ) -> ConfigFlowResult:
-        """Store ``options`` with the duplex satellites (kept unless given)."""
+        """Store ``options`` with the duplex and Wyoming satellites (kept unless given)."""
         satellites = self._duplex() if duplex is None else duplex
         options.pop(CONF_DUPLEX_SATELLITES, None)
         if satellites:
             options[CONF_DUPLEX_SATELLITES] = satellites
+        wyoming_satellites = self._wyoming() if wyoming is None else wyoming
+        options.pop(CONF_WYOMING_SATELLITES, None)
+        if wyoming_satellites:
+            options[CONF_WYOMING_SATELLITES] = wyoming_satellites
         return self.async_create_entry(data=options)
 
 
@@ -684,6 +872,48 @@ _DUPLEX_SCHEMA = vol.Schema(
         ),
     }
 )
+
+
+WYOMING_ZEROCONF_TYPE = "_wyoming._tcp.local."
+
+
+def _wake_word_selector() -> SelectSelector:
+    """Return a choice of the satellite's own wake word or a bundled model."""
+    return SelectSelector(
+        SelectSelectorConfig(
+            options=[
+                SelectOptionDict(value=WAKE_WORD_SATELLITE, label="On the satellite"),
+                *(SelectOptionDict(value=m.id, label=m.name) for m in MODELS),
+            ],
+            mode=SelectSelectorMode.DROPDOWN,
+        )
+    )
+
+
+def _wyoming_schema() -> vol.Schema:
+    return vol.Schema(
+        {
+            vol.Required(CONF_HOST): TextSelector(),
+            vol.Required(CONF_PORT, default=DEFAULT_WYOMING_PORT): vol.All(
+                vol.Coerce(int), vol.Range(min=1, max=65535)
+            ),
+            vol.Required(
+                CONF_WAKE_WORD, default=DEFAULT_WAKE_WORD
+            ): _wake_word_selector(),
+        }
+    )
+
+
+def _with_wyoming(
+    options: Mapping[str, Any], satellite: dict[str, Any]
+) -> dict[str, Any]:
+    """Copy of ``options`` with ``satellite`` stored (replacing the same address)."""
+    others = [
+        s
+        for s in options.get(CONF_WYOMING_SATELLITES, [])
+        if wyoming_key(s) != wyoming_key(satellite)
+    ]
+    return {**options, CONF_WYOMING_SATELLITES: [*others, satellite]}
 
 
 def _llm_api_choices(hass: HomeAssistant) -> list[SelectOptionDict]:
