@@ -80,10 +80,12 @@ class RtVoiceRuntime:
 
         Safe to call twice (HA stopping, then the entry unloading).
         """
+        # The satellites first: their conversations close their own children
+        # (hand-off included) before the sessions close every other child.
+        await self.wyoming.async_stop()
         await self.control.async_shutdown()
         await self.sessions.async_shutdown()
         await self.duplex.async_stop()
-        await self.wyoming.async_stop()
         self.satellites.async_stop()
 
 

@@ -234,8 +234,10 @@ class WyomingSatelliteLink:
                 )
             finally:
                 self._connected.clear()
-                await self._disconnect()
+                # The conversation first: on a deliberate close its audio-stop
+                # still reaches the satellite (which then closes its speaker).
                 await self._end_session()
+                await self._disconnect()
             self.stats.disconnects += 1
             self._set_state(LinkState.DISCONNECTED)
             if streamed:
