@@ -106,6 +106,8 @@ class LinkStats:
     last_frame_sent_at: float | None = None  # loop time
     # Per audio stream closed (answer ended or cut): when its last frame was sent.
     stream_last_frame_at: list[float | None] = field(default_factory=list)
+    # Per audio stream opened: when its first frame was sent.
+    stream_first_frame_at: list[float] = field(default_factory=list)
     wake_errors: int = 0
 
 
@@ -432,8 +434,11 @@ class WyomingSatelliteLink:
             rate=SAMPLE_RATE, width=SAMPLE_WIDTH, channels=CHANNELS, audio=frame
         )
         if await self._write(chunk.event()):
+            now = asyncio.get_running_loop().time()
             self.stats.frames_sent += 1
-            self.stats.last_frame_sent_at = asyncio.get_running_loop().time()
+            if len(self.stats.stream_first_frame_at) < self.stats.audio_streams:
+                self.stats.stream_first_frame_at.append(now)
+            self.stats.last_frame_sent_at = now
 
     async def _audio_stop(self) -> None:
         if not self._audio_open:
