@@ -39,7 +39,7 @@ from homeassistant.components.assist_satellite import (
 from homeassistant.components.assist_satellite.entity import AssistSatelliteState
 from homeassistant.const import Platform
 from homeassistant.core import HomeAssistant, callback
-from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import device_registry as dr, entity_registry as er
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
@@ -53,6 +53,7 @@ from .duplex_ha import (
     satellite_unique_id,
 )
 from .runtime import RtVoiceConfigEntry
+from .wyoming_ha import SIGNAL_WYOMING_UPDATE, WyomingSatellites
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -82,6 +83,10 @@ async def async_setup_entry(
     duplex = entry.runtime_data.duplex
     async_add_entities(
         DuplexSatelliteEntity(entry, duplex, key) for key in duplex.configs
+    )
+    wyoming = entry.runtime_data.wyoming
+    async_add_entities(
+        WyomingSatelliteEntity(entry, wyoming, key) for key in wyoming.configs
     )
 
 
@@ -249,6 +254,76 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await super().async_will_remove_from_hass()
+
+    def on_pipeline_event(self, event: PipelineEvent) -> None:
+        """No Assist pipeline runs through this entity (duplex sessions do not)."""
+
+
+class WyomingSatelliteEntity(AssistSatelliteEntity):
+    """A Wyoming satellite owned by Realtime Voice (issue 8).
+
+    On a device of its own (the satellite's name from its ``info``); available
+    while the link is connected; the state follows the duplex session: idle (no
+    conversation, waiting for the wake word), listening, responding.
+    """
+
+    _attr_has_entity_name = True
+    _attr_should_poll = False
+    _attr_name = None  # the device's name
+    _attr_supported_features = AssistSatelliteEntityFeature(0)
+
+    def __init__(
+        self, entry: RtVoiceConfigEntry, wyoming: WyomingSatellites, key: str
+    ) -> None:
+        """Describe the satellite from what was stored when it was added."""
+        self._wyoming = wyoming
+        self._key = key
+        self._entry_id = entry.entry_id
+        conf = wyoming.configs[key]
+        self._attr_unique_id = f"{entry.entry_id}-wyoming-{key}"
+        self._attr_device_info = dr.DeviceInfo(
+            identifiers={(DOMAIN, f"wyoming-{key}")},
+            name=str(conf.get("name") or conf["host"]),
+            manufacturer="Wyoming",
+            model="Wyoming satellite",
+        )
+        self._attr_available = False
+
+    async def async_added_to_hass(self) -> None:
+        """Follow the link."""
+        await super().async_added_to_hass()
+        self.async_on_remove(
+            async_dispatcher_connect(
+                self.hass,
+                SIGNAL_WYOMING_UPDATE.format(self._entry_id, self._key),
+                self._updated,
+            )
+        )
+        self._updated()
+
+    @callback
+    def _updated(self) -> None:
+        link = self._wyoming.links.get(self._key)
+        self._attr_available = link is not None and link.connected
+        state = self._wyoming.states.get(self._key)
+        self._set_state(
+            _STATES.get(state, AssistSatelliteState.IDLE)
+            if state is not None
+            else AssistSatelliteState.IDLE
+        )
+
+    @callback
+    def async_get_configuration(self) -> AssistSatelliteConfiguration:
+        """Offer no wake words here (they are chosen in Realtime Voice's options)."""
+        return AssistSatelliteConfiguration(
+            available_wake_words=[], active_wake_words=[], max_active_wake_words=0
+        )
+
+    async def async_set_configuration(
+        self, config: AssistSatelliteConfiguration
+    ) -> None:
+        """Wake word configuration is not offered here."""
+        raise NotImplementedError
 
     def on_pipeline_event(self, event: PipelineEvent) -> None:
         """No Assist pipeline runs through this entity (duplex sessions do not)."""

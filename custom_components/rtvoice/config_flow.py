@@ -56,6 +56,7 @@ from homeassistant.helpers.selector import (
 )
 from homeassistant.helpers.service_info.zeroconf import ZeroconfServiceInfo
 
+from .audio.wakeword import MODELS
 from .brain import async_prime_openai
 from .const import (
     BRAIN_HA_AGENT,
@@ -80,6 +81,8 @@ from .const import (
     CONF_NOISE_PSK,
     CONF_PROMPT,
     CONF_TEMPERATURE,
+    CONF_WAKE_WORD,
+    CONF_WYOMING_SATELLITES,
     DEFAULT_AGENT_ID,
     DEFAULT_BARGE_IN,
     DEFAULT_BASE_URL,
@@ -99,6 +102,7 @@ from .const import (
     DEFAULT_OPTIONS_OPENAI,
     DEFAULT_PROMPT,
     DEFAULT_TEMPERATURE,
+    DEFAULT_WYOMING_PORT,
     DOMAIN,
     LLM_API_NONE,
     MAX_CHUNK_TIMEOUT,
@@ -133,6 +137,13 @@ from .kernel.openai_provider import (
     ProviderModelNotFoundError,
 )
 from .redact import mask_secret, safe_url
+from .wyoming_ha import (
+    DEFAULT_WAKE_WORD,
+    WAKE_WORD_SATELLITE,
+    WyomingProbeError,
+    async_probe_wyoming,
+    wyoming_key,
+)
 
 if TYPE_CHECKING:
     from .runtime import RtVoiceConfigEntry
@@ -474,7 +485,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             errors=errors,
         )
 
-    # -- zeroconf: ESPHome voice satellites ---------------------------------------------
+    # -- zeroconf: ESPHome and Wyoming voice satellites ---------------------------------------------
 
     async def async_step_zeroconf(
         self, discovery_info: ZeroconfServiceInfo
@@ -482,6 +493,8 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         """Dispatch a zeroconf discovery on its service type."""
         if discovery_info.type == ESPHOME_ZEROCONF_TYPE:
             return await self._async_discovered_esphome(discovery_info)
+        if discovery_info.type == WYOMING_ZEROCONF_TYPE:
+            return await self._async_discovered_wyoming(discovery_info)
         return self.async_abort(reason="not_supported")
 
     async def _async_discovered_esphome(
@@ -564,23 +577,20 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                 else:
                     found.key = key
             if entry is not None and found.info is not None and not errors:
+                satellite = satellite_conf(
+                    found.host, found.port, found.key, found.info
+                )
+                options = dict(entry.options)
+                options[CONF_DUPLEX_SATELLITES] = with_satellite(
+                    options.get(CONF_DUPLEX_SATELLITES, []), satellite
+                )
                 return self._async_add_satellite(
                     entry,
-                    satellite_conf(found.host, found.port, found.key, found.info),
+                    options,
+                    "duplex_added",
+                    {"name": str(satellite[CONF_NAME]), "entry": entry.title},
                 )
-        schema: dict[vol.Marker, Any] = {}
-        if len(entries) > 1:
-            schema[vol.Required(CONF_ENTRY_ID, default=entries[0].entry_id)] = (
-                SelectSelector(
-                    SelectSelectorConfig(
-                        options=[
-                            SelectOptionDict(value=e.entry_id, label=e.title)
-                            for e in entries
-                        ],
-                        mode=SelectSelectorMode.DROPDOWN,
-                    )
-                )
-            )
+        schema = _entry_choice(entries)
         if found.info is None:
             schema[vol.Optional(CONF_NOISE_PSK)] = _KEY_SELECTOR
         if not schema:
@@ -594,29 +604,88 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
 
     @callback
     def _async_add_satellite(
-        self, entry: ConfigEntry, satellite: dict[str, Any]
+        self,
+        entry: ConfigEntry,
+        options: dict[str, Any],
+        reason: str,
+        placeholders: dict[str, str],
     ) -> ConfigFlowResult:
-        """Store the satellite in ``entry``'s options, reload it, end the flow.
+        """Store ``options`` (with the new satellite) in ``entry``, reload it, end the flow.
 
         HA's ``async_update_reload_and_abort`` pattern, without its second reload:
         a loaded entry's update listener reloads it already (a changed satellite
         list needs a reload, as in the options flow); an entry that is not loaded
         (a failed setup) gets a reload scheduled here.
         """
-        options = dict(entry.options)
-        options[CONF_DUPLEX_SATELLITES] = with_satellite(
-            options.get(CONF_DUPLEX_SATELLITES, []), satellite
-        )
         self.hass.config_entries.async_update_entry(entry, options=options)
         if entry.state is not ConfigEntryState.LOADED:
             self.hass.config_entries.async_schedule_reload(entry.entry_id)
-        return self.async_abort(
-            reason="duplex_added",
+        return self.async_abort(reason=reason, description_placeholders=placeholders)
+
+    # -- zeroconf: Wyoming satellites --------------------------------------------------
+
+    async def _async_discovered_wyoming(
+        self, discovery_info: ZeroconfServiceInfo
+    ) -> ConfigFlowResult:
+        """Offer a discovered ``_wyoming._tcp`` service when it is a satellite.
+
+        STT, TTS and wake word servers advertise the same type: they are left to
+        HA's wyoming integration. The unique id (zeroconf name + satellite name,
+        as HA's wyoming integration builds it) makes Ignore stick.
+        """
+        host, port = str(discovery_info.host), int(discovery_info.port or 0)
+        try:
+            info = await async_probe_wyoming(host, port)
+        except WyomingProbeError as err:
+            return self.async_abort(reason=err.reason)
+        assert info.satellite is not None
+        name = info.satellite.name
+        await self.async_set_unique_id(f"wyoming:{discovery_info.name}_{name}")
+        self._abort_if_unique_id_configured()
+        satellite = {CONF_HOST: host, CONF_PORT: port}
+        entries = rtvoice_entries(self.hass)
+        if not entries:
+            return self.async_abort(reason="no_realtime_voice_entry")
+        for entry in entries:
+            for stored in entry.options.get(CONF_WYOMING_SATELLITES, []):
+                if wyoming_key(stored) == wyoming_key(satellite):
+                    return self.async_abort(reason="already_configured")
+        self._wyoming_discovered = {**satellite, CONF_NAME: name}
+        self.context["title_placeholders"] = {"name": name}
+        return await self.async_step_wyoming_confirm()
+
+    async def async_step_wyoming_confirm(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Confirm a discovered satellite: add it to an entry, which reloads."""
+        satellite = self._wyoming_discovered
+        entries = rtvoice_entries(self.hass)
+        if not entries:
+            return self.async_abort(reason="no_realtime_voice_entry")
+        if user_input is not None:
+            entry_id = user_input.get(CONF_ENTRY_ID, entries[0].entry_id)
+            entry = next((e for e in entries if e.entry_id == entry_id), entries[0])
+            stored = {**satellite, CONF_WAKE_WORD: user_input[CONF_WAKE_WORD]}
+            return self._async_add_satellite(
+                entry,
+                _with_wyoming(entry.options, stored),
+                "wyoming_added",
+                {"title": entry.title},
+            )
+        schema = _entry_choice(entries)
+        schema[vol.Required(CONF_WAKE_WORD, default=DEFAULT_WAKE_WORD)] = (
+            _wake_word_selector()
+        )
+        return self.async_show_form(
+            step_id="wyoming_confirm",
+            data_schema=vol.Schema(schema),
             description_placeholders={
                 "name": str(satellite[CONF_NAME]),
-                "entry": entry.title,
+                "address": wyoming_key(satellite),
             },
         )
+
+    _wyoming_discovered: dict[str, Any]
 
     # -- reauth (openai brain) ---------------------------------------------------------
 
@@ -763,6 +832,9 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             menu.append("take_over_duplex")
         if self._duplex():
             menu.extend(["configure_duplex", "remove_duplex"])
+        menu.append("add_wyoming")
+        if self._wyoming():
+            menu.append("remove_wyoming")
         return self.async_show_menu(step_id="init", menu_options=menu)
 
     async def async_step_settings(
@@ -966,6 +1038,69 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             ),
         )
 
+    async def async_step_add_wyoming(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Add a Wyoming satellite, once ``describe`` showed it is one."""
+        errors: dict[str, str] = {}
+        if user_input is not None:
+            host = str(user_input[CONF_HOST]).strip()
+            port = int(user_input[CONF_PORT])
+            try:
+                info = await async_probe_wyoming(host, port)
+            except WyomingProbeError as err:
+                errors["base"] = err.reason
+            else:
+                assert info.satellite is not None
+                satellite = {
+                    CONF_HOST: host,
+                    CONF_PORT: port,
+                    CONF_NAME: info.satellite.name,
+                    CONF_WAKE_WORD: user_input[CONF_WAKE_WORD],
+                }
+                return self._store(
+                    {**self.config_entry.options},
+                    wyoming=_with_wyoming(self.config_entry.options, satellite)[
+                        CONF_WYOMING_SATELLITES
+                    ],
+                )
+        return self.async_show_form(
+            step_id="add_wyoming",
+            data_schema=self.add_suggested_values_to_schema(
+                _wyoming_schema(), user_input or {}
+            ),
+            errors=errors,
+        )
+
+    async def async_step_remove_wyoming(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Remove Wyoming satellites (their entities go with the entry's reload)."""
+        satellites = self._wyoming()
+        if user_input is not None:
+            gone = set(user_input[CONF_WYOMING_SATELLITES])
+            return self._store(
+                {**self.config_entry.options},
+                wyoming=[s for s in satellites if wyoming_key(s) not in gone],
+            )
+        choices = [
+            SelectOptionDict(
+                value=wyoming_key(s),
+                label=f"{s.get(CONF_NAME) or s[CONF_HOST]} ({wyoming_key(s)})",
+            )
+            for s in satellites
+        ]
+        return self.async_show_form(
+            step_id="remove_wyoming",
+            data_schema=vol.Schema(
+                {
+                    vol.Required(CONF_WYOMING_SATELLITES): SelectSelector(
+                        SelectSelectorConfig(options=choices, multiple=True)
+                    )
+                }
+            ),
+        )
+
     def _duplex(self) -> list[dict[str, Any]]:
         return [
             dict(s) for s in self.config_entry.options.get(CONF_DUPLEX_SATELLITES, [])
@@ -979,14 +1114,24 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             if e.unique_id is not None and owner_of(self.hass, e.unique_id) is None
         ]
 
+    def _wyoming(self) -> list[dict[str, Any]]:
+        return list(self.config_entry.options.get(CONF_WYOMING_SATELLITES, []))
+
     def _store(
-        self, options: dict[str, Any], duplex: list[dict[str, Any]] | None = None
+        self,
+        options: dict[str, Any],
+        duplex: list[dict[str, Any]] | None = None,
+        wyoming: list[dict[str, Any]] | None = None,
     ) -> ConfigFlowResult:
-        """Store ``options`` with the duplex satellites (kept unless given)."""
+        """Store ``options`` with the duplex and Wyoming satellites (kept unless given)."""
         satellites = self._duplex() if duplex is None else duplex
         options.pop(CONF_DUPLEX_SATELLITES, None)
         if satellites:
             options[CONF_DUPLEX_SATELLITES] = satellites
+        wyoming_satellites = self._wyoming() if wyoming is None else wyoming
+        options.pop(CONF_WYOMING_SATELLITES, None)
+        if wyoming_satellites:
+            options[CONF_WYOMING_SATELLITES] = wyoming_satellites
         return self.async_create_entry(data=options)
 
 
@@ -1043,6 +1188,63 @@ _DUPLEX_SCHEMA = vol.Schema(
         ),
     }
 )
+
+
+WYOMING_ZEROCONF_TYPE = "_wyoming._tcp.local."
+
+
+def _wake_word_selector() -> SelectSelector:
+    """Return a choice of the satellite's own wake word or a bundled model."""
+    return SelectSelector(
+        SelectSelectorConfig(
+            options=[
+                SelectOptionDict(value=WAKE_WORD_SATELLITE, label="On the satellite"),
+                *(SelectOptionDict(value=m.id, label=m.name) for m in MODELS),
+            ],
+            mode=SelectSelectorMode.DROPDOWN,
+        )
+    )
+
+
+def _wyoming_schema() -> vol.Schema:
+    return vol.Schema(
+        {
+            vol.Required(CONF_HOST): TextSelector(),
+            vol.Required(CONF_PORT, default=DEFAULT_WYOMING_PORT): vol.All(
+                vol.Coerce(int), vol.Range(min=1, max=65535)
+            ),
+            vol.Required(
+                CONF_WAKE_WORD, default=DEFAULT_WAKE_WORD
+            ): _wake_word_selector(),
+        }
+    )
+
+
+def _entry_choice(entries: list[ConfigEntry]) -> dict[vol.Marker, Any]:
+    """Return the field choosing which Realtime Voice entry gets a discovered satellite.
+
+    Empty with a single entry: that one gets it.
+    """
+    if len(entries) < 2:
+        return {}
+    choices = [SelectOptionDict(value=e.entry_id, label=e.title) for e in entries]
+    return {
+        vol.Required(CONF_ENTRY_ID, default=entries[0].entry_id): SelectSelector(
+            SelectSelectorConfig(options=choices, mode=SelectSelectorMode.DROPDOWN)
+        )
+    }
+
+
+def _with_wyoming(
+    options: Mapping[str, Any], satellite: dict[str, Any]
+) -> dict[str, Any]:
+    """Copy of ``options`` with ``satellite`` stored (replacing the same address)."""
+    others = [
+        s
+        for s in options.get(CONF_WYOMING_SATELLITES, [])
+        if wyoming_key(s) != wyoming_key(satellite)
+    ]
+    return {**options, CONF_WYOMING_SATELLITES: [*others, satellite]}
 
 
 def _llm_api_choices(hass: HomeAssistant) -> list[SelectOptionDict]:

@@ -7,6 +7,7 @@ calls flow one way (entity / actions → sessions / control → kernel → outpu
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from .const import (
     BRAIN_OPENAI,
     CONF_DUPLEX_SATELLITES,
     CONF_LLM_HASS_API,
+    CONF_WYOMING_SATELLITES,
     DEFAULT_LLM_HASS_API,
     LLM_API_NONE,
     PARENT_ID,
@@ -29,6 +31,7 @@ from .duplex_link import RoundEnds
 from .kernel import ChannelRegistry, Kernel, PromptRegistry, ToolRunner
 from .satellites import SatelliteDirectory
 from .sessions import SessionManager
+from .wyoming_ha import WyomingSatellites
 
 
 @dataclass
@@ -44,6 +47,7 @@ class RtVoiceRuntime:
     sessions: SessionManager
     control: ControlPlane
     duplex: DuplexSatellites
+    wyoming: WyomingSatellites
 
     def apply_options(self, options: Mapping[str, Any]) -> bool:
         """Apply changed options without a reload; False when a reload is needed.
@@ -52,10 +56,15 @@ class RtVoiceRuntime:
         archive stay) except switching tools on or off: whether the model is
         offered tools at all (and ``ask_parent``) is wired into the kernel and the
         conversation entity when the entry loads, and adding or removing a duplex
-        satellite (its link and entity are set up when the entry loads).
+        satellite or a Wyoming satellite (its link and entity are set up when the
+        entry loads).
         """
         if list(options.get(CONF_DUPLEX_SATELLITES, [])) != list(
             self.duplex.configs.values()
+        ):
+            return False
+        if list(options.get(CONF_WYOMING_SATELLITES, [])) != list(
+            self.wyoming.configs.values()
         ):
             return False
         if self.brain.kind == BRAIN_OPENAI:
@@ -72,9 +81,11 @@ class RtVoiceRuntime:
 
         Safe to call twice (HA stopping, then the entry unloading).
         """
+        # The satellites first: their conversations close their own children
+        # (hand-off included) before the sessions close every other child.
+        await asyncio.gather(self.wyoming.async_stop(), self.duplex.async_stop())
         await self.control.async_shutdown()
         await self.sessions.async_shutdown()
-        await self.duplex.async_stop()
         self.satellites.async_stop()
 
 
@@ -118,6 +129,18 @@ async def async_build_runtime(
         entry.options.get(CONF_DUPLEX_SATELLITES, []),
     )
     await duplex.async_start()
+    wyoming = WyomingSatellites(
+        hass,
+        entry.entry_id,
+        kernel,
+        round_ends,
+        entry.options.get(CONF_WYOMING_SATELLITES, []),
+    )
+    try:
+        await wyoming.async_start()
+    except BaseException:
+        await duplex.async_stop()
+        raise
     return RtVoiceRuntime(
         brain=brain,
         kernel=kernel,
@@ -128,4 +151,5 @@ async def async_build_runtime(
         sessions=sessions,
         control=ControlPlane(hass, entry, kernel, sessions, satellites),
         duplex=duplex,
+        wyoming=wyoming,
     )

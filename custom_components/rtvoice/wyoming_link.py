@@ -9,33 +9,25 @@ service) then streams its mic continuously, also while it plays: a duplex peer::
 
     link = WyomingSatelliteLink(
         host, port,
-        child=KernelChild(kernel, child_id),   # push / interrupt / acknowledge
-        stt=transcribe, tts=synthesise,        # as for DuplexSession
+        DuplexBinding(kernel, stt, tts, options, round_ends),  # as for ESPHome
+        name="kitchen",
         wake=engine,                           # a warmed WakeWordEngine, or None
-        options=DuplexOptions(barge_in=BargeIn.WAKE_WORD),
     )
-    registry.register_output(name, link.output_handler, ...)  # the kernel's deltas
     link.start()
     ...
     await link.aclose()                        # no task left
 
 Wake word: on the server (``wake``: the openWakeWord engine of ``audio/wakeword.py``,
 its model work in an executor) and/or a ``detection`` event from the satellite (a
-satellite with its own wake service). The first wake opens a ``DuplexSession``; the mic
-goes to it until it ends (silence after the last answer, ``on_end``); a wake word during
-the conversation interrupts the answer in every barge-in mode (``wake_word_detected``).
+satellite with its own wake service). The first wake opens a ``DuplexConversation``
+(the session logic shared with ESPHome: a kernel child on its own RT pair, each delta
+with its round's seq, the round's end through ``RoundEnds``); the mic goes to it until
+it ends (silence after the last answer, ``on_end``); a wake word during the
+conversation interrupts the answer in every barge-in mode (``wake_word_detected``).
 The session's frames become ``audio-start``/``audio-chunk``/``audio-stop``; the duplex
 player keeps only ``lead_ms`` queued on the satellite. wyoming-satellite has no
 stop-playback event: a cut sends no more audio, then ``audio-stop``; the satellite
 still plays what it had (the lead, plus the pipe of its ``--snd-command``).
-
-The round of a delta: the kernel's output handler does not say which round a delta
-belongs to yet, so ``output_handler`` uses the seq of the newest push made through
-this link (the duplex core's ticket fallback; the ticket's outcome ends the round).
-Deltas of rounds pushed elsewhere (an ask_parent answer) are therefore not played.
-HOOK: when the kernel exposes the running round's seq inside the output handler and a
-per-round end signal, ``output_handler`` reads the seq there and ``round_ended``
-forwards the end (see ``_RoundTracker``).
 
 Reconnect: a lost connection (EOF, error, no event for ``idle_timeout_s``) closes the
 conversation (the running round is interrupted; what was played stays acknowledged)
@@ -61,17 +53,8 @@ from wyoming.ping import Ping, Pong
 from wyoming.satellite import RunSatellite
 from wyoming.wake import Detection as WyomingDetection
 
-from .duplex import (
-    SAMPLE_RATE,
-    ConversationChild,
-    DuplexOptions,
-    DuplexSession,
-    SessionState,
-    SpeechToText,
-    TextToSpeech,
-    TicketLike,
-    UtteranceSegmenter,
-)
+from .duplex import SAMPLE_RATE, DuplexSession, SessionState, UtteranceSegmenter
+from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 
 if TYPE_CHECKING:
     from .audio.wakeword import WakeWordEngine, WakeWordStream
@@ -123,26 +106,9 @@ class LinkStats:
     last_frame_sent_at: float | None = None  # loop time
     # Per audio stream closed (answer ended or cut): when its last frame was sent.
     stream_last_frame_at: list[float | None] = field(default_factory=list)
+    # Per audio stream opened: when its first frame was sent.
+    stream_first_frame_at: list[float] = field(default_factory=list)
     wake_errors: int = 0
-
-
-class _RoundTracker:
-    """The kernel child as the session sees it, remembering the newest pushed round."""
-
-    def __init__(self, child: ConversationChild) -> None:
-        self.child = child
-        self.seq: int | None = None
-
-    def push(self, text: str) -> TicketLike:
-        ticket = self.child.push(text)
-        self.seq = ticket.seq
-        return ticket
-
-    def interrupt(self) -> object:
-        return self.child.interrupt()
-
-    def acknowledge(self, seq: int, chars: int, *, final: bool = False) -> object:
-        return self.child.acknowledge(seq, chars, final=final)
 
 
 class WyomingSatelliteLink:
@@ -152,38 +118,38 @@ class WyomingSatelliteLink:
         self,
         host: str,
         port: int,
+        binding: DuplexBinding,
         *,
-        child: ConversationChild,
-        stt: SpeechToText,
-        tts: TextToSpeech,
+        name: str | None = None,
         wake: WakeWordEngine | None = None,
         wake_model_ids: list[str] | None = None,
         satellite_wake: bool = True,
-        options: DuplexOptions | None = None,
         link_options: LinkOptions | None = None,
         on_state: Callable[[LinkState], None] | None = None,
+        on_session_state: Callable[[SessionState | None], None] | None = None,
     ) -> None:
-        """Bind the satellite's address and the conversation's peers.
+        """Bind the satellite's address to the duplex binding (kernel, STT, TTS).
 
         ``wake``: a warmed engine for wake words on the server (None: only the
         satellite's ``detection`` events wake it, if ``satellite_wake``).
+        ``on_state`` follows the link, ``on_session_state`` the conversation's
+        session (None once no conversation runs).
         """
         self.host = host
         self.port = port
-        self._rounds = _RoundTracker(child)
-        self._stt = stt
-        self._tts = tts
+        self.binding = binding
+        self.name = name or f"{host}:{port}"
         self._wake = wake
         self._wake_model_ids = wake_model_ids
         self._satellite_wake = satellite_wake
-        self.options = options if options is not None else DuplexOptions()
         self.link_options = link_options if link_options is not None else LinkOptions()
         self._on_state = on_state
+        self._on_session_state = on_session_state
         self.state = LinkState.DISCONNECTED
         self.stats = LinkStats()
         self.info: Info | None = None
-        self.session: DuplexSession | None = None
-        self.last_session: DuplexSession | None = None
+        self.conversation: DuplexConversation | None = None
+        self.last_conversation: DuplexConversation | None = None
         self._client: AsyncTcpClient | None = None
         self._converter = AudioChunkConverter(SAMPLE_RATE, SAMPLE_WIDTH, CHANNELS)
         self._wake_stream: WakeWordStream | None = None
@@ -210,7 +176,23 @@ class WyomingSatelliteLink:
     @property
     def idle(self) -> bool:
         """Return True when no task of the link runs (after ``aclose``)."""
-        return self._task is None and not self._closing and self.session is None
+        return self._task is None and not self._closing and self.conversation is None
+
+    @property
+    def connected(self) -> bool:
+        """Return True while the satellite is connected (streaming or waiting)."""
+        return self.state in (LinkState.WAITING_FOR_WAKE, LinkState.CONVERSING)
+
+    @property
+    def session(self) -> DuplexSession | None:
+        """The live conversation's session, if any."""
+        return self.conversation.session if self.conversation is not None else None
+
+    @property
+    def last_session(self) -> DuplexSession | None:
+        """The session of the newest conversation, live or ended (tests, stats)."""
+        conversation = self.last_conversation
+        return conversation.session if conversation is not None else None
 
     async def wait_connected(self) -> None:
         """Return once the satellite streams to this link (tests, setup)."""
@@ -225,28 +207,12 @@ class WyomingSatelliteLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         # A cancelled _run() may have left its cleanup to us.
-        await self._end_session(interrupt=True)
+        await self._end_session()
         while self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await self._disconnect()
         await self._close_wake_stream()
         self._set_state(LinkState.CLOSED)
-
-    # --- the kernel's output side ---------------------------------------------------------
-
-    def output_handler(self, delta: str) -> None:
-        """Take a text delta from the kernel's output channel of this satellite.
-
-        HOOK: read the round's seq from the kernel here once it exposes it.
-        """
-        seq = self._rounds.seq
-        if self.session is not None and seq is not None:
-            self.session.output_delta(seq, delta)
-
-    def round_ended(self, seq: int) -> None:
-        """Round ``seq`` emits no more text (HOOK for the kernel's per-round end)."""
-        if self.session is not None:
-            self.session.output_end(seq)
 
     # --- connection loop ---------------------------------------------------------------
 
@@ -270,8 +236,10 @@ class WyomingSatelliteLink:
                 )
             finally:
                 self._connected.clear()
+                # The conversation first: on a deliberate close its audio-stop
+                # still reaches the satellite (which then closes its speaker).
+                await self._end_session()
                 await self._disconnect()
-                await self._end_session(interrupt=True)
             self.stats.disconnects += 1
             self._set_state(LinkState.DISCONNECTED)
             if streamed:
@@ -347,8 +315,9 @@ class WyomingSatelliteLink:
     async def _mic(self, chunk: AudioChunk) -> None:
         self.stats.mic_chunks += 1
         pcm = self._converter.convert(chunk).audio
-        if self.session is not None:
-            self.session.feed_mic(pcm)
+        conversation = self.conversation
+        if conversation is not None:
+            conversation.session.feed_mic(pcm)
         stream = self._wake_stream
         if stream is None or not stream.feed(pcm):
             return
@@ -374,66 +343,68 @@ class WyomingSatelliteLink:
                 return
 
     async def _wake_detected(self) -> None:
-        session = self.session
-        if session is not None and session.state is not SessionState.ENDED:
+        conversation = self.conversation
+        if conversation is not None and not conversation.ended:
             self.stats.wake_interrupts += 1
-            session.wake_word_detected()
+            conversation.session.wake_word_detected()
             return
         self.stats.wakes += 1
         await self._open_session()
 
     async def _open_session(self) -> None:
         if self._segmenter is None:
-            loop = asyncio.get_running_loop()
-            # Loads and warms the VAD: blocking, once per link.
-            self._segmenter = await loop.run_in_executor(None, UtteranceSegmenter)
-        else:
-            self._segmenter.restart()
+            # Loads and warms the VAD: blocking (in an executor), once per link.
+            self._segmenter = await warm_segmenter()
         self.stats.conversations += 1
-        session = DuplexSession(
-            self._rounds,
-            stt=self._stt,
-            tts=self._tts,
+        conversation = await DuplexConversation.open(
+            self.binding,
+            name=self.name,
             send=self._send_frame,
-            options=self.options,
             segmenter=self._segmenter,
             on_end=self._session_ended,
             on_state=self._session_state,
         )
-        self.session = self.last_session = session
+        self.conversation = self.last_conversation = conversation
         self._set_state(LinkState.CONVERSING)
+        if self._on_session_state is not None:
+            self._on_session_state(conversation.session.state)
 
     def _session_ended(self) -> None:
         """Return to the wake word: the session went silent after its last answer."""
         task = asyncio.get_running_loop().create_task(
-            self._end_session(interrupt=False, session=self.session),
+            self._end_session(conversation=self.conversation),
             name="rtvoice wyoming session end",
         )
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
     async def _end_session(
-        self, *, interrupt: bool, session: DuplexSession | None = None
+        self, *, conversation: DuplexConversation | None = None
     ) -> None:
-        """End ``session`` (default: the current one); a newer session is left alone."""
-        if session is None:
-            session = self.session
-        if session is None:
+        """End ``conversation`` (default: the current one); a newer one is left alone.
+
+        Closing the conversation stops its child: a running round is cut and what
+        was played stays acknowledged (the satellite went away or went silent).
+        """
+        if conversation is None:
+            conversation = self.conversation
+        if conversation is None:
             return
-        if self.session is session:
-            self.session = None
-        if interrupt and session.state is not SessionState.ENDED:
-            # The satellite went away mid-conversation: nothing more will be heard.
-            self._rounds.interrupt()
-        await session.aclose()
-        if self.session is None:
+        if self.conversation is conversation:
+            self.conversation = None
+        await conversation.aclose()
+        if self.conversation is None:
             await self._audio_stop()
+            if self._on_session_state is not None:
+                self._on_session_state(None)
             if self._client is not None and not self._closed:
                 self._set_state(LinkState.WAITING_FOR_WAKE)
 
     # --- speaker ----------------------------------------------------------------------
 
     def _session_state(self, state: SessionState) -> None:
+        if self._on_session_state is not None and state is not SessionState.ENDED:
+            self._on_session_state(state)
         if state not in _PLAYING and self._audio_open:
             # The answer ended or was cut: close the satellite's audio stream. The
             # next answer's audio-start waits for this audio-stop to be written.
@@ -463,8 +434,11 @@ class WyomingSatelliteLink:
             rate=SAMPLE_RATE, width=SAMPLE_WIDTH, channels=CHANNELS, audio=frame
         )
         if await self._write(chunk.event()):
+            now = asyncio.get_running_loop().time()
             self.stats.frames_sent += 1
-            self.stats.last_frame_sent_at = asyncio.get_running_loop().time()
+            if len(self.stats.stream_first_frame_at) < self.stats.audio_streams:
+                self.stats.stream_first_frame_at.append(now)
+            self.stats.last_frame_sent_at = now
 
     async def _audio_stop(self) -> None:
         if not self._audio_open:

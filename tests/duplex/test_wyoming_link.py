@@ -27,18 +27,9 @@ from custom_components.rtvoice.audio.wakeword import (
     WakeWordEngine,
     WakeWordUnavailableError,
 )
-from custom_components.rtvoice.duplex import (
-    BargeIn,
-    DuplexOptions,
-    KernelChild,
-    SessionState,
-)
-from custom_components.rtvoice.kernel import (
-    ChannelDef,
-    ChannelRegistry,
-    ChildOptions,
-    Kernel,
-)
+from custom_components.rtvoice.duplex import BargeIn, DuplexOptions, SessionState
+from custom_components.rtvoice.duplex_link import DuplexBinding, RoundEnds
+from custom_components.rtvoice.kernel import ChannelRegistry, Kernel
 from custom_components.rtvoice.kernel.openai_provider import OpenAIChatProvider
 from custom_components.rtvoice.kernel.types import ToolCall, ToolSpec
 from custom_components.rtvoice.wyoming_link import (
@@ -252,29 +243,23 @@ async def rig(
             base_url=peer.base_url, api_key=None, model=DEFAULT_MODEL, timeout=SAFETY
         )
         channels = ChannelRegistry()
-        kernel = Kernel(provider, channels, tools=tools)
+        round_ends = RoundEnds()
+        kernel = Kernel(provider, channels, tools=tools, on_round_end=round_ends)
+        binding = DuplexBinding(
+            kernel=kernel,
+            stt=wyoming_stt(stt.host, stt.port),
+            tts=wyoming_tts(tts.host, tts.port),
+            options=DuplexOptions(barge_in=barge_in, end_silence_ms=end_silence_ms),
+            round_ends=round_ends,
+        )
         link = WyomingSatelliteLink(
             satellite.host,
             satellite.port,
-            child=KernelChild(kernel, "satellite"),
-            stt=wyoming_stt(stt.host, stt.port),
-            tts=wyoming_tts(tts.host, tts.port),
+            binding,
+            name="satellite",
             wake=wake_engine,
-            options=DuplexOptions(barge_in=barge_in, end_silence_ms=end_silence_ms),
             link_options=LinkOptions(reconnect_min_s=0.2, reconnect_max_s=1.0),
             on_state=states,
-        )
-        channels.register_input("sat_in", ChannelDef(realtime=True))
-        channels.register_output(
-            "sat_out", link.output_handler, definition=ChannelDef(realtime=True)
-        )
-        await kernel.spawn(
-            ChildOptions(
-                id="satellite",
-                input="sat_in",
-                output="sat_out",
-                delivery="acknowledged",
-            )
         )
         link.start()
         try:
@@ -322,7 +307,9 @@ def speech_onset_s(pcm: bytes, threshold: int = 0) -> float:
 
 def assistant_texts(r: Rig) -> list[str]:
     """Return what the kernel's history holds as the assistant's words."""
-    transcript = r.kernel.transcript("satellite") or []  # type: ignore[attr-defined]
+    conversation = r.link.last_conversation
+    assert conversation is not None
+    transcript = r.kernel.transcript(conversation.child_id) or []  # type: ignore[attr-defined]
     return [m.content for m in transcript if m.role == "assistant" and m.content]
 
 

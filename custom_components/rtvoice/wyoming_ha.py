@@ -1,0 +1,283 @@
+"""Wyoming satellites in Home Assistant: probing, the links, the repair.
+
+- ``async_probe_wyoming`` tests a satellite before the options flow (or a
+  discovery) stores it: ``describe`` → ``info`` must show a satellite;
+- ``WyomingSatellites`` runs one ``WyomingSatelliteLink`` per stored satellite on the
+  entry's kernel, with the preferred pipeline's STT and TTS (``duplex_ha``) and the
+  satellite's own settings (barge-in, end silence, wake word), and tells the
+  satellite entities (a dispatcher signal) when a link or its session changes.
+  ``async_stop`` leaves no task;
+- while it runs, a repair issue says when HA's ``wyoming`` integration holds the
+  same satellite (same host and port): a satellite serves one client at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+import functools
+import logging
+from typing import Any, Final
+
+from wyoming.client import AsyncTcpClient
+from wyoming.info import Describe, Info
+
+from homeassistant.config_entries import (
+    SIGNAL_CONFIG_ENTRY_CHANGED,
+    ConfigEntry,
+    ConfigEntryChange,
+)
+from homeassistant.const import CONF_HOST, CONF_PORT
+from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers import issue_registry as ir
+from homeassistant.helpers.dispatcher import (
+    async_dispatcher_connect,
+    async_dispatcher_send,
+)
+
+from .audio.wakeword import MODELS_BY_ID, WakeWordEngine, WakeWordUnavailableError
+from .const import (
+    CONF_BARGE_IN,
+    CONF_END_SILENCE,
+    CONF_NAME,
+    CONF_WAKE_WORD,
+    DEFAULT_BARGE_IN,
+    DEFAULT_END_SILENCE,
+    DEFAULT_WYOMING_PORT,
+    DOMAIN,
+)
+from .duplex import BargeIn, DuplexOptions, SessionState
+from .duplex_ha import pipeline_stt, pipeline_tts
+from .duplex_link import DuplexBinding, RoundEnds
+from .kernel import Kernel
+from .wyoming_link import LinkState, WyomingSatelliteLink
+
+_LOGGER = logging.getLogger(__name__)
+
+PROBE_TIMEOUT: Final = 10.0  # seconds for connect + describe → info
+WAKE_WORD_SATELLITE: Final = "satellite"  # the satellite's own wake word service
+DEFAULT_WAKE_WORD: Final = "okay_nabu"
+WYOMING_DOMAIN: Final = "wyoming"  # Home Assistant's own wyoming integration
+ISSUE_CONFLICT: Final = "wyoming_conflict"
+# Dispatcher signal (format with entry id and satellite key): a link changed.
+SIGNAL_WYOMING_UPDATE: Final = "rtvoice_wyoming_update_{}_{}"
+
+
+class WyomingProbeError(Exception):
+    """The satellite cannot be added; ``reason`` is the form's error key."""
+
+    def __init__(self, reason: str) -> None:
+        """Keep the reason (a translation key)."""
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def async_probe_wyoming(host: str, port: int) -> Info:
+    """Connect, ``describe``, read the ``info``; it must show a satellite.
+
+    Reasons: ``cannot_connect`` (nothing answers, or no info in time),
+    ``not_wyoming_satellite`` (a Wyoming service without a satellite: STT, TTS,
+    wake word servers).
+    """
+    client = AsyncTcpClient(host, port)
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            await client.connect()
+            await client.write_event(Describe().event())
+            while True:
+                event = await client.read_event()
+                if event is None:
+                    raise ConnectionError("closed before its info")
+                if Info.is_type(event.type):
+                    info = Info.from_event(event)
+                    break
+    except (OSError, TimeoutError) as err:
+        _LOGGER.debug("Probing %s:%s failed: %s", host, port, type(err).__name__)
+        raise WyomingProbeError("cannot_connect") from err
+    finally:
+        await client.disconnect()
+    if info.satellite is None or not info.satellite.installed:
+        raise WyomingProbeError("not_wyoming_satellite")
+    return info
+
+
+def wyoming_key(conf: Mapping[str, Any]) -> str:
+    """Return the stable key of a stored Wyoming satellite (host:port)."""
+    return f"{conf[CONF_HOST]}:{conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)}"
+
+
+def duplex_options(conf: Mapping[str, Any]) -> DuplexOptions:
+    """Return the session options of one satellite from its stored settings."""
+    try:
+        barge_in = BargeIn(conf.get(CONF_BARGE_IN, DEFAULT_BARGE_IN))
+    except ValueError:
+        barge_in = BargeIn(DEFAULT_BARGE_IN)
+    end_silence = float(conf.get(CONF_END_SILENCE, DEFAULT_END_SILENCE))
+    return DuplexOptions(barge_in=barge_in, end_silence_ms=int(end_silence * 1000))
+
+
+def wake_model(conf: Mapping[str, Any]) -> str | None:
+    """Return the bundled model waking this satellite on the server (None: its own)."""
+    wake_word = conf.get(CONF_WAKE_WORD, DEFAULT_WAKE_WORD)
+    return wake_word if wake_word in MODELS_BY_ID else None
+
+
+class WyomingSatellites:
+    """The Wyoming satellites of one entry: one ``WyomingSatelliteLink`` each."""
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        entry_id: str,
+        kernel: Kernel,
+        round_ends: RoundEnds,
+        satellites: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """Bind the stored satellites to the entry's kernel (nothing runs yet)."""
+        self.hass = hass
+        self.entry_id = entry_id
+        self.kernel = kernel
+        self.round_ends = round_ends
+        self.configs: dict[str, Mapping[str, Any]] = {
+            wyoming_key(conf): conf for conf in satellites
+        }
+        self.links: dict[str, WyomingSatelliteLink] = {}
+        self.states: dict[str, SessionState | None] = {}
+        self.engine: WakeWordEngine | None = None
+        self.conflicts: set[str] = set()
+        self._unlisten: Any = None
+
+    async def async_start(self) -> None:
+        """Warm the wake word models, start every link, watch for conflicts.
+
+        A failure (or cancel) part-way closes what was started.
+        """
+        if not self.configs:
+            return
+        try:
+            await self._async_warm_engine()
+            for key, conf in self.configs.items():
+                self._start_link(key, conf)
+            self._unlisten = async_dispatcher_connect(
+                self.hass, SIGNAL_CONFIG_ENTRY_CHANGED, self._entry_changed
+            )
+            self._check_conflicts()
+        except BaseException:
+            await self.async_stop()
+            raise
+
+    async def _async_warm_engine(self) -> None:
+        models = sorted(
+            {m for conf in self.configs.values() if (m := wake_model(conf))}
+        )
+        if not models:
+            return
+        engine = WakeWordEngine(models)
+        try:
+            await self.hass.async_add_executor_job(engine.warm_up)
+        except WakeWordUnavailableError as err:
+            _LOGGER.warning(
+                "Wake words on the server are unavailable for Wyoming satellites"
+                " (%s); only a wake word service on the satellite wakes them",
+                err,
+            )
+            return
+        self.engine = engine
+
+    def _start_link(self, key: str, conf: Mapping[str, Any]) -> None:
+        model = wake_model(conf)
+        binding = DuplexBinding(
+            kernel=self.kernel,
+            stt=pipeline_stt(self.hass),
+            tts=pipeline_tts(self.hass),
+            options=duplex_options(conf),
+            round_ends=self.round_ends,
+        )
+        link = WyomingSatelliteLink(
+            str(conf[CONF_HOST]),
+            int(conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)),
+            binding,
+            name=str(conf.get(CONF_NAME) or key),
+            wake=self.engine if model is not None else None,
+            wake_model_ids=[model] if model is not None else None,
+            on_state=functools.partial(self._link_state, key),
+            on_session_state=functools.partial(self._session_state, key),
+        )
+        self.links[key] = link
+        link.start()
+
+    async def async_stop(self) -> None:
+        """Close every link (conversations handed off); no task is left."""
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        for key in list(self.conflicts):
+            self._set_conflict(key, None)
+        links = list(self.links.values())
+        self.links.clear()
+        await asyncio.gather(*(link.aclose() for link in links))
+
+    # --- HA's wyoming integration holding the same satellite ---------------------
+
+    @callback
+    def _entry_changed(self, change: ConfigEntryChange, entry: ConfigEntry) -> None:
+        if entry.domain == WYOMING_DOMAIN:
+            self._check_conflicts()
+
+    @callback
+    def _check_conflicts(self) -> None:
+        holders: dict[str, ConfigEntry] = {}
+        for entry in self.hass.config_entries.async_entries(
+            WYOMING_DOMAIN, include_ignore=False
+        ):
+            if CONF_HOST in entry.data and CONF_PORT in entry.data:
+                key = f"{str(entry.data[CONF_HOST]).lower()}:{entry.data[CONF_PORT]}"
+                holders[key] = entry
+        for key, conf in self.configs.items():
+            other = holders.get(
+                f"{str(conf[CONF_HOST]).lower()}:"
+                f"{conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)}"
+            )
+            self._set_conflict(key, other)
+
+    @callback
+    def _set_conflict(self, key: str, other: ConfigEntry | None) -> None:
+        issue_id = f"{ISSUE_CONFLICT}_{self.entry_id}_{key}"
+        if other is None:
+            if key in self.conflicts:
+                self.conflicts.discard(key)
+                ir.async_delete_issue(self.hass, DOMAIN, issue_id)
+            return
+        self.conflicts.add(key)
+        conf = self.configs[key]
+        ir.async_create_issue(
+            self.hass,
+            DOMAIN,
+            issue_id,
+            is_fixable=False,
+            is_persistent=False,
+            severity=ir.IssueSeverity.WARNING,
+            translation_key=ISSUE_CONFLICT,
+            translation_placeholders={
+                "name": str(conf.get(CONF_NAME) or key),
+                "address": key,
+                "other": other.title,
+            },
+        )
+
+    # --- link changes → entities --------------------------------------------------
+
+    @callback
+    def _link_state(self, key: str, _state: LinkState) -> None:
+        self._changed(key)
+
+    @callback
+    def _session_state(self, key: str, state: SessionState | None) -> None:
+        self.states[key] = state
+        self._changed(key)
+
+    @callback
+    def _changed(self, key: str) -> None:
+        async_dispatcher_send(
+            self.hass, SIGNAL_WYOMING_UPDATE.format(self.entry_id, key)
+        )

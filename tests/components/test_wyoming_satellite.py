@@ -1,0 +1,634 @@
+"""Wyoming satellites through Home Assistant (issue 8 §2).
+
+Real peers on 127.0.0.1, nothing mocked: a real `wyoming-satellite` 1.0.0 process in
+its own venv (tests/peers/wyoming_satellite.py, always-streaming mode) with its mic fed
+by espeak-ng speech at real-time pace and its speaker captured; the offline Wyoming
+speech servers set up through HA's ``wyoming`` integration as the preferred
+pipeline's STT and TTS; the OpenAI-compatible peer as the model; openWakeWord
+(pyopen-wakeword) on the server for "hey jarvis". The repair test uses a ``wyoming``
+config entry that is not set up (HA's wyoming integration would take the satellite
+over for real): the repair reads only the entries. Waits are on events; timeouts are
+safety nets. Skipped when the satellite's venv or the speech tools are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from ipaddress import ip_address
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.rtvoice.audio.wakeword import (
+    WakeWordEngine,
+    WakeWordUnavailableError,
+)
+from custom_components.rtvoice.const import (
+    CONF_BARGE_IN,
+    CONF_END_SILENCE,
+    CONF_NAME,
+    CONF_PROMPT,
+    CONF_WAKE_WORD,
+    CONF_WYOMING_SATELLITES,
+    DEFAULT_OPTIONS_OPENAI,
+    DOMAIN,
+)
+from custom_components.rtvoice.runtime import RtVoiceConfigEntry
+from custom_components.rtvoice.wyoming_link import WyomingSatelliteLink
+from homeassistant.components.assist_pipeline.pipeline import (
+    async_get_pipeline,
+    async_update_pipeline,
+)
+from homeassistant.config_entries import (
+    SOURCE_IGNORE,
+    SOURCE_ZEROCONF,
+    ConfigEntryState,
+)
+from homeassistant.const import CONF_HOST, CONF_PORT, STATE_UNAVAILABLE
+from homeassistant.core import Event, EventStateChangedData, HomeAssistant, callback
+from homeassistant.data_entry_flow import FlowResultType
+from homeassistant.helpers import (
+    device_registry as dr,
+    entity_registry as er,
+    issue_registry as ir,
+)
+from homeassistant.helpers.event import async_track_state_change_event
+from homeassistant.helpers.service_info.zeroconf import ZeroconfServiceInfo
+from tests.components.common import async_load_entry, openai_entry
+from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
+from tests.peers.openai_server import OpenAIPeer, Text, WaitFor
+from tests.peers.speech import speech_tools_available
+from tests.peers.wyoming_satellite import (
+    Microphone,
+    SatelliteVenvError,
+    Speaker,
+    WyomingSatellite,
+    satellite_python,
+)
+from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
+
+pytestmark = pytest.mark.usefixtures("socket_enabled")
+
+_LOGGER = logging.getLogger(__name__)
+
+WAKE = "hey jarvis"
+ASK_LIGHTS = "turn on the kitchen lights"
+ASK_TIME = "what time is it"
+LIGHTS_ON = "the kitchen lights are on"
+NOON = "it is noon"
+STORY = (
+    "Once upon a time there was a small house with a big kitchen. "
+    "The kitchen had many lights and a red door. "
+    "Every morning the family made breakfast there and talked about the day. "
+    "Then they went out into the garden to look at the flowers."
+)
+PHRASES = [ASK_LIGHTS, ASK_TIME, LIGHTS_ON, NOON, WAKE]
+SAFETY = 60.0
+SATELLITE_NAME = "test satellite"
+
+
+@pytest.fixture(scope="session")
+def sat_python() -> str:
+    """Return the wyoming-satellite venv's python (scripts/wyoming_satellite_venv)."""
+    if not speech_tools_available():
+        pytest.skip("espeak-ng and sox are needed for speech clips")
+    try:
+        return satellite_python()
+    except SatelliteVenvError as err:
+        pytest.skip(f"the wyoming-satellite venv cannot be made: {err}")
+
+
+@pytest.fixture(scope="session")
+def wake_available() -> None:
+    """Skip when pyopen-wakeword cannot run here (warms the process-wide cache)."""
+    try:
+        WakeWordEngine(["hey_jarvis"]).warm_up()
+    except WakeWordUnavailableError as err:
+        pytest.skip(str(err))
+
+
+@asynccontextmanager
+async def satellite_rig(sat_python: str) -> AsyncIterator[WyomingSatellite]:
+    """Run a real wyoming-satellite with a test microphone and speaker."""
+    async with (
+        Microphone() as mic,
+        Speaker() as speaker,
+        WyomingSatellite(
+            sat_python, mic=mic, speaker=speaker, name=SATELLITE_NAME
+        ) as satellite,
+    ):
+        # The satellite starts its mic command once its server is up: ready.
+        await wait(mic.connected.wait(), SAFETY)
+        yield satellite
+
+
+@asynccontextmanager
+async def speech_pipeline(hass: HomeAssistant) -> AsyncIterator[None]:
+    """Set up the Wyoming speech servers via HA's wyoming integration as engines."""
+    async with (
+        WyomingSttServer(phrases=PHRASES) as stt_server,
+        WyomingTtsServer() as tts_server,
+    ):
+        stt_entry = await add_wyoming_service(hass, stt_server.port)
+        tts_entry = await add_wyoming_service(hass, tts_server.port)
+        await async_update_pipeline(
+            hass,
+            async_get_pipeline(hass),
+            stt_engine=entity_of(hass, stt_entry, "stt"),
+            stt_language="en",
+            tts_engine=entity_of(hass, tts_entry, "tts"),
+            tts_language="en",
+        )
+        try:
+            yield
+        finally:
+            for unload in (stt_entry, tts_entry):
+                if unload.state is ConfigEntryState.LOADED:
+                    await hass.config_entries.async_unload(unload.entry_id)
+
+
+async def options_step(
+    hass: HomeAssistant, entry: MockConfigEntry, step: str, user_input: dict[str, Any]
+) -> dict[str, Any]:
+    """Run one options-menu step with ``user_input``; return the last result."""
+    menu = await hass.config_entries.options.async_init(entry.entry_id)
+    assert menu["type"] is FlowResultType.MENU
+    assert step in menu["menu_options"]
+    form = await hass.config_entries.options.async_configure(
+        menu["flow_id"], {"next_step_id": step}
+    )
+    assert form["type"] is FlowResultType.FORM and form["step_id"] == step
+    return dict(
+        await hass.config_entries.options.async_configure(form["flow_id"], user_input)
+    )
+
+
+def stored_satellite(satellite: WyomingSatellite, **settings: Any) -> dict[str, Any]:
+    """Return a satellite as the options store it, woken by "hey jarvis" here."""
+    return {
+        CONF_HOST: satellite.host,
+        CONF_PORT: satellite.port,
+        CONF_NAME: SATELLITE_NAME,
+        CONF_WAKE_WORD: "hey_jarvis",
+        **settings,
+    }
+
+
+def zeroconf_info(host: str, port: int, name: str) -> ZeroconfServiceInfo:
+    """Return what HA's zeroconf hands a flow for a ``_wyoming._tcp`` service."""
+    return ZeroconfServiceInfo(
+        ip_address=ip_address(host),
+        ip_addresses=[ip_address(host)],
+        port=port,
+        hostname=f"{name}.local.",
+        type="_wyoming._tcp.local.",
+        name=f"{name}._wyoming._tcp.local.",
+        properties={},
+    )
+
+
+async def wait_for_state(hass: HomeAssistant, entity_id: str, wanted: set[str]) -> str:
+    """Wait until ``entity_id``'s state is one of ``wanted`` (state events)."""
+    found: asyncio.Future[str] = hass.loop.create_future()
+
+    @callback
+    def changed(event: Event[EventStateChangedData]) -> None:
+        state = event.data["new_state"]
+        if state is not None and state.state in wanted and not found.done():
+            found.set_result(state.state)
+
+    unsub = async_track_state_change_event(hass, entity_id, changed)
+    try:
+        current = hass.states.get(entity_id)
+        if current is not None and current.state in wanted:
+            return current.state
+        return await wait(found, SAFETY)
+    finally:
+        unsub()
+
+
+def the_link(entry: RtVoiceConfigEntry) -> WyomingSatelliteLink:
+    """Return the entry's one Wyoming link."""
+    [link] = entry.runtime_data.wyoming.links.values()
+    return link
+
+
+async def say(satellite: WyomingSatellite, text: str) -> list[float]:
+    """Speak ``text`` into the satellite's mic; return when each chunk was fed."""
+    return await wait(satellite.mic.say(await spoken(text)), SAFETY)
+
+
+def rtvoice_tasks() -> list[asyncio.Task[Any]]:
+    """Return the integration's tasks still running."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if (t.get_name() or "").startswith("rtvoice") and not t.done()
+    ]
+
+
+# --- adding one ---------------------------------------------------------------------
+
+
+async def test_add_wyoming_satellite_is_stored(
+    hass: HomeAssistant, openai_peer: OpenAIPeer, sat_python: str
+) -> None:
+    """A real satellite passes describe → info and is stored with its name."""
+    entry = openai_entry(hass, openai_peer)
+    async with satellite_rig(sat_python) as satellite:
+        result = await options_step(
+            hass,
+            entry,
+            "add_wyoming",
+            {
+                CONF_HOST: satellite.host,
+                CONF_PORT: satellite.port,
+                CONF_WAKE_WORD: "satellite",
+            },
+        )
+    assert result["type"] is FlowResultType.CREATE_ENTRY, result
+    assert entry.options[CONF_WYOMING_SATELLITES] == [
+        {
+            CONF_HOST: satellite.host,
+            CONF_PORT: satellite.port,
+            CONF_NAME: SATELLITE_NAME,
+            CONF_WAKE_WORD: "satellite",
+        }
+    ]
+    assert "prompt" in entry.options  # the settings are kept
+
+
+async def test_add_wyoming_errors(
+    hass: HomeAssistant, openai_peer: OpenAIPeer, sat_python: str
+) -> None:
+    """Nothing listening: cannot_connect; an STT server: not_wyoming_satellite."""
+    entry = openai_entry(hass, openai_peer)
+    async with satellite_rig(sat_python) as satellite:
+        free_port = satellite.port  # the satellite is told its port, not yet bound
+    result = await options_step(
+        hass, entry, "add_wyoming", {CONF_HOST: "127.0.0.1", CONF_PORT: free_port}
+    )
+    assert result["errors"] == {"base": "cannot_connect"}
+    async with WyomingSttServer(phrases=PHRASES) as stt_server:
+        result = await options_step(
+            hass,
+            entry,
+            "add_wyoming",
+            {CONF_HOST: stt_server.host, CONF_PORT: stt_server.port},
+        )
+    assert result["errors"] == {"base": "not_wyoming_satellite"}
+    assert CONF_WYOMING_SATELLITES not in entry.options
+
+
+async def test_remove_wyoming_keeps_the_others(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The remove step drops the chosen satellite only."""
+    first = {CONF_HOST: "127.0.0.1", CONF_PORT: 10700, CONF_NAME: "one"}
+    second = {CONF_HOST: "127.0.0.2", CONF_PORT: 10700, CONF_NAME: "two"}
+    entry = openai_entry(
+        hass, openai_peer, options={CONF_WYOMING_SATELLITES: [first, second]}
+    )
+    result = await options_step(
+        hass,
+        entry,
+        "remove_wyoming",
+        {CONF_WYOMING_SATELLITES: ["127.0.0.1:10700"]},
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert entry.options[CONF_WYOMING_SATELLITES] == [second]
+
+
+async def test_settings_keep_the_wyoming_satellites(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """Saving the conversation settings does not drop the stored satellites."""
+    stored = {CONF_HOST: "127.0.0.1", CONF_PORT: 10700, CONF_NAME: "one"}
+    entry = openai_entry(hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]})
+    menu = await hass.config_entries.options.async_init(entry.entry_id)
+    form = await hass.config_entries.options.async_configure(
+        menu["flow_id"], {"next_step_id": "settings"}
+    )
+    result = await hass.config_entries.options.async_configure(
+        form["flow_id"],
+        {k: v for k, v in DEFAULT_OPTIONS_OPENAI.items() if k != CONF_PROMPT},
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert entry.options[CONF_WYOMING_SATELLITES] == [stored]
+
+
+# --- discovery ------------------------------------------------------------------------
+
+
+async def test_discovered_satellite_is_added_and_the_entry_reloads(
+    hass: HomeAssistant, tmp_path: Path, openai_peer: OpenAIPeer, sat_python: str
+) -> None:
+    """Zeroconf finds the satellite; confirming adds it, the entity appears."""
+    hass.config.config_dir = str(tmp_path)
+    entry = await async_load_entry(hass, openai_entry(hass, openai_peer))
+    async with satellite_rig(sat_python) as satellite:
+        info = zeroconf_info(satellite.host, satellite.port, "aabbccddeeff")
+        result = await hass.config_entries.flow.async_init(
+            DOMAIN, context={"source": SOURCE_ZEROCONF}, data=info
+        )
+        assert result["type"] is FlowResultType.FORM, result
+        assert result["step_id"] == "wyoming_confirm"
+        assert result["description_placeholders"]["name"] == SATELLITE_NAME
+        result = await hass.config_entries.flow.async_configure(
+            result["flow_id"], {CONF_WAKE_WORD: "satellite"}
+        )
+        assert result["type"] is FlowResultType.ABORT
+        assert result["reason"] == "wyoming_added"
+        await hass.async_block_till_done()  # the entry reloads with the satellite
+        assert entry.state is ConfigEntryState.LOADED
+        [stored] = entry.options[CONF_WYOMING_SATELLITES]
+        assert (stored[CONF_HOST], stored[CONF_PORT]) == (
+            satellite.host,
+            satellite.port,
+        )
+        satellite_entity = entity_of(hass, entry, "assist_satellite")
+        assert await wait_for_state(hass, satellite_entity, {"idle"}) == "idle"
+        # Discovered again (the next announcement): already there.
+        again = await hass.config_entries.flow.async_init(
+            DOMAIN, context={"source": SOURCE_ZEROCONF}, data=info
+        )
+        assert again["type"] is FlowResultType.ABORT
+        assert again["reason"] == "already_configured"
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+
+
+async def test_discovery_ignores_servers_and_remembers_ignore(
+    hass: HomeAssistant, openai_peer: OpenAIPeer, sat_python: str
+) -> None:
+    """An STT server is not offered; an ignored satellite is not offered again."""
+    await async_load_entry(hass, openai_entry(hass, openai_peer))
+    async with WyomingSttServer(phrases=PHRASES) as stt_server:
+        result = await hass.config_entries.flow.async_init(
+            DOMAIN,
+            context={"source": SOURCE_ZEROCONF},
+            data=zeroconf_info(stt_server.host, stt_server.port, "stt"),
+        )
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "not_wyoming_satellite"
+    async with satellite_rig(sat_python) as satellite:
+        info = zeroconf_info(satellite.host, satellite.port, "aabbccddeeff")
+        result = await hass.config_entries.flow.async_init(
+            DOMAIN, context={"source": SOURCE_ZEROCONF}, data=info
+        )
+        assert result["type"] is FlowResultType.FORM
+        flow = hass.config_entries.flow.async_get(result["flow_id"])
+        ignore = await hass.config_entries.flow.async_init(
+            DOMAIN,
+            context={"source": SOURCE_IGNORE},
+            data={"unique_id": flow["context"]["unique_id"], "title": SATELLITE_NAME},
+        )
+        assert ignore["type"] is FlowResultType.CREATE_ENTRY
+        again = await hass.config_entries.flow.async_init(
+            DOMAIN, context={"source": SOURCE_ZEROCONF}, data=info
+        )
+    assert again["type"] is FlowResultType.ABORT
+    assert again["reason"] == "already_configured"
+
+
+# --- conversations ----------------------------------------------------------------------
+
+
+async def test_wake_utterance_answer_through_home_assistant(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,
+    wake_available: None,
+) -> None:
+    """Add the satellite; wake word, request, the answer reaches its speaker.
+
+    The entity sits on its own device, is available while connected and follows
+    the session; HA's STT hears the answer in the captured speaker audio.
+    """
+    hass.config.config_dir = str(tmp_path)  # the TTS cache is written there
+    entry = await async_load_entry(hass, openai_entry(hass, openai_peer))
+    async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
+        result = await options_step(
+            hass,
+            entry,
+            "add_wyoming",
+            {
+                CONF_HOST: satellite.host,
+                CONF_PORT: satellite.port,
+                CONF_WAKE_WORD: "hey_jarvis",
+            },
+        )
+        assert result["type"] is FlowResultType.CREATE_ENTRY, result
+        await hass.async_block_till_done()  # the entry reloads with the satellite
+        entity_id = entity_of(hass, entry, "assist_satellite")
+        assert await wait_for_state(hass, entity_id, {"idle"}) == "idle"
+        registry_entry = er.async_get(hass).async_get(entity_id)
+        assert registry_entry is not None and registry_entry.device_id is not None
+        device = dr.async_get(hass).async_get(registry_entry.device_id)
+        assert device is not None and device.name == SATELLITE_NAME
+
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        openai_peer.enqueue(Text("The kitchen lights are on."))
+        await say(satellite, WAKE)
+        await wait_for_state(hass, entity_id, {"listening"})
+        await say(satellite, ASK_LIGHTS)
+        await wait_for_state(hass, entity_id, {"responding"})
+        playback = await wait(satellite.speaker.wait_for_playback(1), SAFETY)
+        assert await link.binding.stt(bytes(playback.pcm)) == LIGHTS_ON
+        request = openai_peer.requests[-1]
+        assert request.messages[-1]["content"] == ASK_LIGHTS
+        assert link.stats.wakes == 1
+
+        runtime = entry.runtime_data
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+        assert runtime.wyoming.links == {}
+        assert link.idle
+        assert rtvoice_tasks() == []
+        assert hass.states.get(entity_id).state == STATE_UNAVAILABLE
+
+
+async def test_utterance_during_the_answer_is_answered_in_the_same_child(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,
+    wake_available: None,
+) -> None:
+    """VAD barge-in (the satellite's setting): talking over cuts it, then an answer.
+
+    The second request comes from the same kernel child: its history holds the
+    first request and the part of the story that was heard.
+    """
+    hass.config.config_dir = str(tmp_path)
+    async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
+        entry = openai_entry(
+            hass,
+            openai_peer,
+            options={
+                CONF_WYOMING_SATELLITES: [
+                    stored_satellite(satellite, **{CONF_BARGE_IN: "vad"})
+                ]
+            },
+        )
+        await async_load_entry(hass, entry)
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        openai_peer.enqueue(Text(STORY))
+        openai_peer.enqueue(Text("It is noon."))
+        await say(satellite, WAKE)
+        await say(satellite, ASK_LIGHTS)
+        first = await wait(satellite.speaker.wait_for_playback(1, ended=False), SAFETY)
+        await say(satellite, ASK_TIME)
+        await wait(first.ended.wait(), SAFETY)
+        second = await wait(satellite.speaker.wait_for_playback(2), SAFETY)
+        assert await link.binding.stt(bytes(second.pcm)) == NOON
+        assert len(first.pcm) / 32 < len(STORY) * 60 / 2  # cut, not played out
+        # Figures for docs/wyoming.md, not pass conditions: how far ahead of real
+        # time the answer's audio had been sent when it was cut (what a real-time
+        # sink such as aplay still plays after the cut, besides its own buffer),
+        # and how long the satellite took to hand the last frame to its speaker.
+        assert first.last_at is not None
+        first_sent = link.stats.stream_first_frame_at[0]
+        last_sent = link.stats.stream_last_frame_at[0]
+        assert last_sent is not None
+        _LOGGER.warning(
+            "Wyoming cut: %.0f ms of answer audio sent ahead of real time;"
+            " last frame sent -> last byte at the speaker command: %.0f ms",
+            len(first.pcm) / 32 - (last_sent - first_sent) * 1000,
+            (first.last_at - last_sent) * 1000,
+        )
+        session = link.session
+        assert session is not None and session.stats.barge_ins == 1
+        assert link.stats.conversations == 1
+        [first_request, second_request] = openai_peer.requests
+        assert second_request.messages[-1]["content"] == ASK_TIME
+        contents = [m.get("content") for m in second_request.messages]
+        assert ASK_LIGHTS in contents  # the same child's history
+        heard = [
+            m["content"]
+            for m in second_request.messages
+            if m["role"] == "assistant" and m.get("content")
+        ]
+        assert heard and STORY not in heard[0]  # only what was heard
+        assert first_request.messages[-1]["content"] == ASK_LIGHTS
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+
+
+async def test_wake_word_interrupts_with_barge_in_off(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,
+    wake_available: None,
+) -> None:
+    """Barge-in off: only the wake word cuts the answer; then a new request."""
+    hass.config.config_dir = str(tmp_path)
+    async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
+        entry = openai_entry(
+            hass,
+            openai_peer,
+            options={
+                CONF_WYOMING_SATELLITES: [
+                    stored_satellite(
+                        satellite, **{CONF_BARGE_IN: "off", CONF_END_SILENCE: 20}
+                    )
+                ]
+            },
+        )
+        await async_load_entry(hass, entry)
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        openai_peer.enqueue(Text(STORY))
+        openai_peer.enqueue(Text("It is noon."))
+        await say(satellite, WAKE)
+        await say(satellite, ASK_LIGHTS)
+        first = await wait(satellite.speaker.wait_for_playback(1, ended=False), SAFETY)
+        await say(satellite, WAKE)
+        await wait(first.ended.wait(), SAFETY)
+        assert link.stats.wake_interrupts == 1
+        await say(satellite, ASK_TIME)
+        second = await wait(satellite.speaker.wait_for_playback(2), SAFETY)
+        assert await link.binding.stt(bytes(second.pcm)) == NOON
+        assert len(first.pcm) / 32 < len(STORY) * 60 / 2
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+
+
+async def test_unload_mid_answer_leaves_no_task(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,
+    wake_available: None,
+) -> None:
+    """Unloading while an answer plays and the model still streams: all stops."""
+    hass.config.config_dir = str(tmp_path)
+    async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
+        entry = openai_entry(
+            hass,
+            openai_peer,
+            options={CONF_WYOMING_SATELLITES: [stored_satellite(satellite)]},
+        )
+        await async_load_entry(hass, entry)
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        hold = asyncio.Event()
+        openai_peer.enqueue(Text(STORY[:100]), WaitFor(hold))
+        await say(satellite, WAKE)
+        await say(satellite, ASK_LIGHTS)
+        first = await wait(satellite.speaker.wait_for_playback(1, ended=False), SAFETY)
+        request = await wait(openai_peer.wait_for_request(1), SAFETY)
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+        await wait(request.disconnected.wait(), SAFETY)  # the round was cut
+        hold.set()
+        await wait(first.ended.wait(), SAFETY)  # audio-stop closed the stream
+        assert link.idle
+        assert rtvoice_tasks() == []
+
+
+# --- the repair ---------------------------------------------------------------------------
+
+
+async def test_repair_while_the_wyoming_integration_holds_it(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """A ``wyoming`` entry on the same host and port: a repair, gone with the entry."""
+    stored = {CONF_HOST: "127.0.0.1", CONF_PORT: 10799, CONF_NAME: "kitchen"}
+    other = MockConfigEntry(
+        domain="wyoming",
+        title="kitchen satellite",
+        data={CONF_HOST: "127.0.0.1", CONF_PORT: 10799},
+    )
+    other.add_to_hass(hass)  # not set up: it would connect to the satellite
+    unrelated = MockConfigEntry(
+        domain="wyoming", data={CONF_HOST: "127.0.0.1", CONF_PORT: 10300}
+    )
+    unrelated.add_to_hass(hass)
+    entry = openai_entry(hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]})
+    await async_load_entry(hass, entry)
+    issues = ir.async_get(hass)
+    issue_id = f"wyoming_conflict_{entry.entry_id}_127.0.0.1:10799"
+    issue = issues.async_get_issue(DOMAIN, issue_id)
+    assert issue is not None
+    assert issue.translation_placeholders == {
+        "name": "kitchen",
+        "address": "127.0.0.1:10799",
+        "other": "kitchen satellite",
+    }
+    assert [i for i in issues.issues if i[0] == DOMAIN] == [(DOMAIN, issue_id)]
+    await hass.config_entries.async_remove(other.entry_id)
+    await hass.async_block_till_done()
+    assert issues.async_get_issue(DOMAIN, issue_id) is None
+    await hass.config_entries.async_remove(unrelated.entry_id)
+    assert await hass.config_entries.async_unload(entry.entry_id)
+    await hass.async_block_till_done()
