@@ -8,14 +8,17 @@ turns each device-initiated start (the wake word) into a ``DuplexConversation``:
 - the start is answered with port 0 (mic audio over the API connection);
 - every mic chunk goes into the session, answer frames go back as raw API audio
   (``send_voice_assistant_audio``: played directly by firmware ≥ 2026.9);
-- while the conversation lives the link never sends an event that ends the mic
-  stream (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
+- while a session lives the link never sends an event that ends the mic stream
+  (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
   ``tts_start_streaming``); when the session ends by silence it sends RUN_END and
-  the device returns to wake-word listening;
-- a new start while a conversation lives is the wake word said again: the answer
-  is cut (``wake_word_detected``) and the conversation goes on;
-- a stop from the device, a lost connection or ``aclose`` closes the conversation
-  (no task left, the child handed off).
+  the device returns to wake-word listening, while the conversation (its kernel
+  child, its history) stays for the binding's ``idle_timeout_s``;
+- a new start while a session lives is the wake word said again: the answer is cut
+  (``wake_word_detected``) and the session goes on; a start while the conversation
+  is idle opens a new session on the same child (the model sees the earlier turns);
+- a stop from the device or a lost connection ends the session (the child stays
+  idle, so a reconnect and a wake word continue the conversation); the idle timeout
+  or ``aclose`` closes the conversation (no task left, the child handed off).
 
 Version notes: aioesphomeapi 29.x calls ``handle_audio(data)``, 45+ calls
 ``handle_audio(data, data2)`` and passes handlers by keyword only: the handlers
@@ -43,7 +46,7 @@ from aioesphomeapi import (
     VoiceAssistantEventType,
 )
 
-from .duplex import SessionState, UtteranceSegmenter
+from .duplex import DspWorker, SessionState, UtteranceSegmenter
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 
 _LOGGER = logging.getLogger(__name__)
@@ -110,6 +113,7 @@ class EsphomeLink:
         self.last_error: Exception | None = None
         self.conversation: DuplexConversation | None = None
         self._segmenter: UtteranceSegmenter | None = None
+        self._dsp = DspWorker(f"rtvoice dsp {config.host}")  # the mic stream's DSP
         self._opening: asyncio.Task[None] | None = None
         self._early_audio = bytearray()
         self._unsubscribe: Callable[[], None] | None = None
@@ -154,6 +158,7 @@ class EsphomeLink:
             tasks = list(self._tasks)
             await asyncio.gather(*tasks, return_exceptions=True)
             self._tasks.difference_update(tasks)
+        await self._dsp.aclose()
         await self._disconnect()
 
     # --- connection ----------------------------------------------------------------
@@ -183,7 +188,7 @@ class EsphomeLink:
             self._set_available()
             await self._lost.wait()
             self._connected.clear()
-            await self._end_conversation(send_run_end=False)
+            await self._end_session()
             await self._disconnect()
             self._set_unavailable(None)
 
@@ -297,6 +302,10 @@ class EsphomeLink:
             return API_AUDIO_PORT  # a repeated wake word while opening: same one
         if self.client is None:
             return None
+        if conversation is not None and conversation.resume():
+            # Idle: a new session on the same child; no await since the check.
+            self._run_started(conversation)
+            return API_AUDIO_PORT
         self._early_audio.clear()
         self._opening = self._spawn(self._open_conversation(), "open conversation")
         return API_AUDIO_PORT
@@ -305,7 +314,7 @@ class EsphomeLink:
         """Handle a stop: ``start=False`` (abort=True) or the end of the audio."""
         abort = bool(args[0]) if args else True
         if abort:
-            await self._end_conversation(send_run_end=False)
+            await self._end_session()
         # end=True of the audio: the session segments speech itself; nothing to do.
 
     async def _handle_audio(self, *args: Any) -> None:
@@ -332,14 +341,24 @@ class EsphomeLink:
             segmenter=self._segmenter,
             on_end=self._session_ended,
             on_state=self._on_state,
+            dsp=self._dsp,
+            on_close=self._conversation_closed,
         )
         if self.client is None or self._closed:
             await conversation.aclose()
             return
-        self.conversation = conversation
+        previous, self.conversation = self.conversation, conversation
+        if previous is not None:  # closing already (a wake word raced its close)
+            self._spawn(self._release(previous), "end conversation")
+        early, self._early_audio = bytes(self._early_audio), bytearray()
+        self._run_started(conversation, early)
+
+    def _run_started(
+        self, conversation: DuplexConversation, early: bytes = b""
+    ) -> None:
+        """Tell the device its run started; feed the audio that came meanwhile."""
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_START, {})
-        early, self._early_audio = bytes(self._early_audio), bytearray()
         if early:
             conversation.session.feed_mic(early)
         if self._on_conversation is not None:
@@ -348,20 +367,33 @@ class EsphomeLink:
     def _session_ended(self) -> None:
         """Silence after the last answer: back to wake-word listening.
 
-        Detached now, so a wake word right after it opens a new conversation that
-        this ending can neither cancel nor end on the device.
+        The conversation stays (idle, the child keeps its history): a wake word
+        within the binding's idle timeout resumes it.
         """
-        conversation, self.conversation = self.conversation, None
-        if conversation is None:
-            return
         # The only event that ends the mic stream, sent once the session is over.
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
+
+    def _conversation_closed(self, conversation: DuplexConversation) -> None:
+        """The idle timeout began closing ``conversation``: detach it, await its close."""
+        if self.conversation is conversation:
+            self.conversation = None
         self._spawn(self._release(conversation), "end conversation")
 
     async def _release(self, conversation: DuplexConversation) -> None:
         await conversation.aclose()
-        if self._on_conversation is not None:
-            self._on_conversation(None)
+        if self.conversation is None and self._on_conversation is not None:
+            self._on_conversation(None)  # not when a newer one opened meanwhile
+
+    async def _end_session(self) -> None:
+        """The device went away or aborted: end the session, keep the child idle."""
+        opening, self._opening = self._opening, None
+        if opening is not None and not opening.done():
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
+        self._early_audio.clear()
+        if self.conversation is not None:
+            self.conversation.end_session()
 
     async def _end_conversation(self, *, send_run_end: bool) -> None:
         opening, self._opening = self._opening, None
