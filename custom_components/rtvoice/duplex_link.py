@@ -214,7 +214,7 @@ class DuplexConversation:
     # --- sessions ----------------------------------------------------------------
 
     def resume(self) -> bool:
-        """A wake word: a new session on the same child when idle.
+        """Take a wake word: a new session on the same child when idle.
 
         Return False once the conversation is closing (open a new one instead);
         True when a session is live (nothing to do: that is a barge-in) or a new one
@@ -229,6 +229,8 @@ class DuplexConversation:
         # Rounds that started while nobody listened (e.g. an ask_parent answer)
         # are not the new session's to play.
         self.session = self._new_session(first_seq=stats.last_seq if stats else 0)
+        if self._on_state is not None:
+            self._on_state(self.session.state)  # listening again
         _LOGGER.debug("Duplex conversation %s resumed", self.child_id)
         return True
 

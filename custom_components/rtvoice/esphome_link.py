@@ -374,7 +374,7 @@ class EsphomeLink:
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
 
     def _conversation_closed(self, conversation: DuplexConversation) -> None:
-        """The idle timeout began closing ``conversation``: detach it, await its close."""
+        """Detach ``conversation`` (the idle timeout began its close) and await the close."""
         if self.conversation is conversation:
             self.conversation = None
         self._spawn(self._release(conversation), "end conversation")
@@ -385,7 +385,7 @@ class EsphomeLink:
             self._on_conversation(None)  # not when a newer one opened meanwhile
 
     async def _end_session(self) -> None:
-        """The device went away or aborted: end the session, keep the child idle."""
+        """End the session (the device went away or aborted); the child stays, idle."""
         opening, self._opening = self._opening, None
         if opening is not None and not opening.done():
             opening.cancel()
@@ -405,7 +405,7 @@ class EsphomeLink:
         conversation, self.conversation = self.conversation, None
         if conversation is None:
             return
-        if send_run_end:
+        if send_run_end and not conversation.ended:  # idle: the device is back already
             self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
         await self._release(conversation)
 

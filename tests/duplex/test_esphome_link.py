@@ -494,8 +494,7 @@ async def test_wake_word_mode_ignores_speech_during_playback(clip) -> None:
 
 
 async def test_device_drops_mid_answer_and_comes_back(clip) -> None:
-    """A lost connection ends the session (cut as heard); after the reconnect a wake
-    word continues the same child."""
+    """A lost connection ends the session (cut as heard); a wake word continues the child."""
     async with rig() as r:
         r.peer.enqueue(Text(LONG))
         first = await r.wake_and_say(clip(ASK))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+import contextlib
 import logging
 import queue
 import threading
@@ -101,10 +102,8 @@ class DspWorker:
                     loop.call_soon_threadsafe(done, result)
         except RuntimeError:  # pragma: no cover - the loop closed under us
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed under us
             loop.call_soon_threadsafe(_set_exited, exited)
-        except RuntimeError:  # pragma: no cover - the loop closed under us
-            pass
 
 
 def _log_failure(name: str, err: Exception) -> None:
