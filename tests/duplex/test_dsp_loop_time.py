@@ -104,9 +104,7 @@ async def run(
     await session.aclose()
     if dsp is not None:
         await dsp.aclose()
-    per_chunk = [
-        (f + a) * 1000 for f, a in zip(feed_times, apply_times, strict=True)
-    ]
+    per_chunk = [(f + a) * 1000 for f, a in zip(feed_times, apply_times, strict=True)]
     return per_chunk, cpu / len(chunks) * 1000, session.stats.utterances, gaps
 
 
@@ -122,7 +120,7 @@ async def test_loop_time_per_chunk_inline_and_on_the_worker(clip) -> None:
         gaps = ticks[worker]
         ordered = sorted(per_chunk)
         holds = sorted(gaps)
-        print(
+        print(  # noqa: T201 - the figures are the point of this test
             f"\n{'worker' if worker else 'inline'}: feed + apply per 32 ms chunk"
             f" p50 {statistics.median(ordered):.3f} ms,"
             f" p99 {ordered[int(0.99 * (len(ordered) - 1))]:.3f} ms;"
