@@ -21,6 +21,13 @@ States (``SessionState``):
 In ``wake_word`` mode speech never pauses an answer; ``wake_word_detected()`` cuts it.
 In ``off`` mode nothing interrupts while speaking (utterances that start then are
 dropped). Silence is counted in mic audio, so no timer task exists.
+
+The DSP of each 10 ms frame (echo canceller, gate, VAD: ``_analyse``) runs on the
+stream's ``DspWorker`` when one is given, and only there; its results come back in
+order and the state machine above acts on them on the loop (``_apply``). Whatever
+the state machine reads of the DSP (gate open, in an utterance) is the copy of the
+last applied frame; restarting the segmenter is a job on the worker too, and results
+of audio submitted before it are stale (their utterance events are dropped).
 """
 
 from __future__ import annotations
