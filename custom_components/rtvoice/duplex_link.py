@@ -1,11 +1,23 @@
-"""A duplex conversation: one kernel child and one ``DuplexSession``, bound together.
+"""A duplex conversation: one kernel child, and a ``DuplexSession`` per wake word.
 
-Transport-free (the ESPHome link and, later, the Wyoming one feed the mic and send
-the frames). The child is spawned on an RT pair of its own with acknowledged
-delivery and carry-over; its output handler hands every delta, with its round's seq
-(``current_round_seq``), to the session; the kernel's ``on_round_end`` (routed by
-``RoundEnds``) tells the session when a round's text ends. Closing the conversation
-closes the session (no task left) and the child (the transcript is handed off).
+Transport-free (the ESPHome and Wyoming links feed the mic and send the frames).
+The child is spawned on an RT pair of its own with acknowledged delivery and
+carry-over; its output handler hands every delta, with its round's seq
+(``current_round_seq``), to the current session; the kernel's ``on_round_end``
+(routed by ``RoundEnds``) tells that session when a round's text ends.
+
+The conversation outlives the wake word (issue 10 §2, session end):
+
+- the session ends after the configured silence: ``on_end`` runs (the link sends
+  the device back to wake-word listening) and the conversation is **idle**: the
+  child lives on, one ``call_later`` handle waits ``idle_timeout_s``;
+- a wake word while idle: ``resume()`` opens a new session on the same child, so the
+  model sees the earlier turns;
+- the device going away or aborting: ``end_session()`` ends the session (the answer
+  cut at what was heard, the round interrupted) and the conversation is idle too;
+- the idle timeout, or ``aclose``: the session and the child close (the transcript
+  is handed off), once; ``on_close`` tells the link when the timeout did it.
+  ``resume()`` refuses once the close has begun: the link opens a new conversation.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import itertools
 import logging
 
 from .duplex import (
+    DspWorker,
     DuplexOptions,
     DuplexSession,
     EchoCanceller,
@@ -64,7 +77,8 @@ class DuplexBinding:
 
     ``stt``/``tts`` are bound by the adapter (HA: the pipeline's stt/tts entities).
     A kernel built without ``on_round_end=round_ends`` still works: the session then
-    learns a round's end from its ticket's outcome.
+    learns a round's end from its ticket's outcome. ``idle_timeout_s``: how long the
+    child outlives its last session (0: it closes with the session).
     """
 
     kernel: Kernel
@@ -77,20 +91,40 @@ class DuplexBinding:
     prompt_scope: str | None = None
     context_window: int = 8000
     max_tool_turns: int = 0
+    idle_timeout_s: float = 300.0
 
 
 class DuplexConversation:
-    """One conversation over one open mic; create with ``await DuplexConversation.open``."""
+    """One kernel child over one open mic; create with ``await DuplexConversation.open``."""
 
     def __init__(
-        self, binding: DuplexBinding, child_id: str, session: DuplexSession
+        self,
+        binding: DuplexBinding,
+        child_id: str,
+        *,
+        send: SendFrame,
+        segmenter: UtteranceSegmenter,
+        dsp: DspWorker | None = None,
+        on_end: Callable[[], None] | None = None,
+        on_state: Callable[[SessionState], None] | None = None,
+        on_close: Callable[[DuplexConversation], None] | None = None,
     ) -> None:
-        """Use ``open``; this binds already created parts."""
+        """Use ``open``; this binds the parts (the first session included)."""
         self.binding = binding
         self.child_id = child_id
-        self.session = session
+        self._send = send
+        self._segmenter = segmenter
+        self._own_dsp = dsp is None
+        self.dsp = dsp if dsp is not None else DspWorker(f"rtvoice dsp {child_id}")
+        self._on_end = on_end
+        self._on_state = on_state
+        self._on_close = on_close
         self._unroute: Callable[[], None] | None = None
         self._closing: asyncio.Task[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._ending: set[asyncio.Task[None]] = set()  # sessions being released
+        self.sessions = 0  # sessions opened on this child
+        self.session = self._new_session(first_seq=0)
 
     @classmethod
     async def open(
@@ -102,42 +136,44 @@ class DuplexConversation:
         segmenter: UtteranceSegmenter,
         on_end: Callable[[], None] | None = None,
         on_state: Callable[[SessionState], None] | None = None,
+        dsp: DspWorker | None = None,
+        on_close: Callable[[DuplexConversation], None] | None = None,
     ) -> DuplexConversation:
-        """Spawn the child on a fresh RT pair and start the session.
+        """Spawn the child on a fresh RT pair and start the first session.
 
         ``segmenter`` is warmed (``warm_segmenter``) and restarted here; a link keeps
-        one per stream. ``on_end`` runs when the session ended by silence.
+        one per stream, and should keep one ``dsp`` worker per stream with it (the
+        mic DSP runs there, in order; without one the conversation makes its own).
+        ``on_end`` runs when a session ended by silence (send the device back to
+        its wake word); ``on_close`` when the idle timeout closes the conversation.
         """
         kernel = binding.kernel
         child_id = f"duplex:{name}:{next(_COUNTER)}"
-        holder: list[DuplexSession] = []
-
-        def on_delta(text: str) -> None:
-            seq = current_round_seq()
-            if holder and seq is not None:
-                holder[0].output_delta(seq, text)
-
         channels = kernel.channels
         channels.register_input(f"{child_id}/in", ChannelDef(realtime=True))
+        try:
+            conversation = cls(
+                binding,
+                child_id,
+                send=send,
+                segmenter=segmenter,
+                dsp=dsp,
+                on_end=on_end,
+                on_state=on_state,
+                on_close=on_close,
+            )
+        except BaseException:
+            channels.unregister(f"{child_id}/in")
+            raise
         channels.register_output(
-            f"{child_id}/out", on_delta, definition=ChannelDef(realtime=True)
+            f"{child_id}/out",
+            conversation._output_delta,
+            definition=ChannelDef(realtime=True),
         )
-        segmenter.restart()
-        session = DuplexSession(
-            KernelChild(kernel, child_id),
-            stt=binding.stt,
-            tts=binding.tts,
-            send=send,
-            options=binding.options,
-            segmenter=segmenter,
-            echo=binding.echo() if binding.echo is not None else None,
-            on_end=on_end,
-            on_state=on_state,
-        )
-        holder.append(session)
-        conversation = cls(binding, child_id, session)
         if binding.round_ends is not None:
-            conversation._unroute = binding.round_ends.add(child_id, session.output_end)
+            conversation._unroute = binding.round_ends.add(
+                child_id, conversation._output_end
+            )
         try:
             await kernel.spawn(
                 ChildOptions(
@@ -158,34 +194,159 @@ class DuplexConversation:
         _LOGGER.debug("Duplex conversation %s started", child_id)
         return conversation
 
+    # --- state -------------------------------------------------------------------
+
     @property
     def ended(self) -> bool:
-        """True once the session ended (silence) or the conversation is closing."""
+        """True while no session is live: idle (ended by silence) or closing."""
         return self.session.state is SessionState.ENDED or self._closing is not None
+
+    @property
+    def idle(self) -> bool:
+        """True when the session has ended and the child waits for a wake word."""
+        return self.session.state is SessionState.ENDED and self._closing is None
+
+    @property
+    def closing(self) -> bool:
+        """True once the close (idle timeout or ``aclose``) has begun."""
+        return self._closing is not None
+
+    # --- sessions ----------------------------------------------------------------
+
+    def resume(self) -> bool:
+        """Take a wake word: a new session on the same child when idle.
+
+        Return False once the conversation is closing (open a new one instead);
+        True when a session is live (nothing to do: that is a barge-in) or a new one
+        was opened. Synchronous: no await between the wake word and the new session.
+        """
+        if self._closing is not None:
+            return False
+        if self.session.state is not SessionState.ENDED:
+            return True
+        self._cancel_idle_timer()
+        stats = self.binding.kernel.stats(self.child_id)
+        # Rounds that started while nobody listened (e.g. an ask_parent answer)
+        # are not the new session's to play.
+        self.session = self._new_session(first_seq=stats.last_seq if stats else 0)
+        if self._on_state is not None:
+            self._on_state(self.session.state)  # listening again
+        _LOGGER.debug("Duplex conversation %s resumed", self.child_id)
+        return True
+
+    def end_session(self) -> None:
+        """End the live session now (device gone or aborted); the child stays, idle."""
+        session = self.session
+        if self._closing is not None or session.state is SessionState.ENDED:
+            return
+        session.end()
+        self._went_idle(session)
+
+    def _new_session(self, *, first_seq: int) -> DuplexSession:
+        binding = self.binding
+        self.sessions += 1
+        if self.dsp.closed:
+            raise RuntimeError("the DSP worker of this stream is closed")
+        session = DuplexSession(
+            KernelChild(binding.kernel, self.child_id),
+            stt=binding.stt,
+            tts=binding.tts,
+            send=self._send,
+            options=binding.options,
+            segmenter=self._segmenter,
+            echo=binding.echo() if binding.echo is not None else None,
+            on_end=self._session_ended,
+            on_state=self._on_state,
+            dsp=self.dsp,
+            first_seq=first_seq,
+        )
+        # In order with any audio of an earlier session still on the worker.
+        self.dsp.submit(self._segmenter.restart)
+        return session
+
+    def _session_ended(self) -> None:
+        """Silence after the last answer: back to the wake word, the child lives on.
+
+        Only the current session hears the mic, so it is the one that ended.
+        """
+        if self._closing is not None:
+            return
+        self._went_idle(self.session)
+        if self._on_end is not None:
+            self._on_end()
+
+    def _went_idle(self, session: DuplexSession) -> None:
+        task = asyncio.get_running_loop().create_task(
+            session.aclose(), name=f"rtvoice end session {self.child_id}"
+        )
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+        timeout = self.binding.idle_timeout_s
+        self._cancel_idle_timer()
+        self._idle_timer = asyncio.get_running_loop().call_later(
+            max(0.0, timeout), self._idle_expired
+        )
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if not self.idle:
+            return
+        _LOGGER.debug("Duplex conversation %s idle: closing", self.child_id)
+        self._start_close()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def _cancel_idle_timer(self) -> None:
+        timer, self._idle_timer = self._idle_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    # --- kernel output -------------------------------------------------------------
+
+    def _output_delta(self, text: str) -> None:
+        seq = current_round_seq()
+        if seq is not None:
+            self.session.output_delta(seq, text)
+
+    def _output_end(self, seq: int) -> None:
+        self.session.output_end(seq)
+
+    # --- closing -------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Close the session and the child (hand-off); every caller awaits one close.
 
         Shielded: a cancelled caller stops waiting, the close still completes.
         """
+        await asyncio.shield(self._start_close())
+
+    def _start_close(self) -> asyncio.Task[None]:
         if self._closing is None:
+            self._cancel_idle_timer()
             self._closing = asyncio.get_running_loop().create_task(
                 self._release(spawned=True), name=f"rtvoice close {self.child_id}"
             )
-        await asyncio.shield(self._closing)
+        return self._closing
 
     async def _release(self, *, spawned: bool) -> None:
         try:
-            await self.session.aclose()
+            if self.session.state is not SessionState.ENDED:
+                await self.session.aclose()  # an ended one is in _ending already
+            while self._ending:
+                await asyncio.gather(*self._ending, return_exceptions=True)
         finally:
-            if spawned:
-                await _quietly(self.binding.kernel.close(self.child_id))
-            if self._unroute is not None:
-                self._unroute()
-            channels = self.binding.kernel.channels
-            channels.unregister(f"{self.child_id}/in")
-            channels.unregister(f"{self.child_id}/out")
-            _LOGGER.debug("Duplex conversation %s closed", self.child_id)
+            try:
+                if spawned:
+                    await _quietly(self.binding.kernel.close(self.child_id))
+            finally:
+                if self._unroute is not None:
+                    self._unroute()
+                channels = self.binding.kernel.channels
+                channels.unregister(f"{self.child_id}/in")
+                channels.unregister(f"{self.child_id}/out")
+                if self._own_dsp:
+                    await self.dsp.aclose()
+                _LOGGER.debug("Duplex conversation %s closed", self.child_id)
 
 
 async def _quietly(closing: Awaitable[object]) -> None:

@@ -11,14 +11,17 @@ turns each device-initiated start (the wake word) into a ``DuplexConversation``:
   (``send_voice_assistant_audio``, ``ApiAudioOutput``) on firmware that plays it
   (ESPHome ≥ 2026.9, or a plain speaker), else a media-player announcement of a
   live HTTP stream served by HA (``duplex_stream.MediaStreamOutput``);
-- while the conversation lives the link never sends an event that ends the mic
-  stream (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
+- while a session lives the link never sends an event that ends the mic stream
+  (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
   ``tts_start_streaming``); when the session ends by silence it sends RUN_END and
-  the device returns to wake-word listening;
-- a new start while a conversation lives is the wake word said again: the answer
-  is cut (``wake_word_detected``) and the conversation goes on;
-- a stop from the device, a lost connection or ``aclose`` closes the conversation
-  (no task left, the child handed off).
+  the device returns to wake-word listening, while the conversation (its kernel
+  child, its history) stays for the binding's ``idle_timeout_s``;
+- a new start while a session lives is the wake word said again: the answer is cut
+  (``wake_word_detected``) and the session goes on; a start while the conversation
+  is idle opens a new session on the same child (the model sees the earlier turns);
+- a stop from the device or a lost connection ends the session (the child stays
+  idle, so a reconnect and a wake word continue the conversation); the idle timeout
+  or ``aclose`` closes the conversation (no task left, the child handed off).
 
 Version notes: aioesphomeapi 29.x calls ``handle_audio(data)``, 45+ calls
 ``handle_audio(data, data2)`` and passes handlers by keyword only: the handlers
@@ -51,7 +54,7 @@ from aioesphomeapi import (
     VoiceAssistantFeature,
 )
 
-from .duplex import PacedPlayer, SessionState, UtteranceSegmenter
+from .duplex import DspWorker, SessionState, UtteranceSegmenter
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 from .duplex_stream import MediaStreamOutput, StreamOpener
 
@@ -155,7 +158,8 @@ class _FollowedOutput:
         on_state: Callable[[SessionState], None] | None,
     ) -> None:
         self.output = output
-        self.player: PacedPlayer | None = None
+        # Its player is the live session's (a resumed conversation has a new one).
+        self.conversation: DuplexConversation | None = None
         self._on_state = on_state
         self._state = SessionState.LISTENING
 
@@ -170,8 +174,12 @@ class _FollowedOutput:
             if state in (SessionState.LISTENING, SessionState.ENDED):
                 # A natural end comes once the player's model says the device ran
                 # dry; audio still queued there, or a pause, means the answer was cut.
-                player = self.player
-                queued = player.device_queued_bytes() if player is not None else 0
+                conversation = self.conversation
+                queued = (
+                    conversation.session.player.device_queued_bytes()
+                    if conversation is not None
+                    else 0
+                )
                 if queued or previous is SessionState.PAUSED:
                     output.stop()
                 else:
@@ -245,6 +253,7 @@ class EsphomeLink:
         self.last_error: Exception | None = None
         self.conversation: DuplexConversation | None = None
         self._segmenter: UtteranceSegmenter | None = None
+        self._dsp = DspWorker(f"rtvoice dsp {config.host}")  # the mic stream's DSP
         self._opening: asyncio.Task[None] | None = None
         self._early_audio = bytearray()
         self._unsubscribe: Callable[[], None] | None = None
@@ -289,6 +298,7 @@ class EsphomeLink:
             tasks = list(self._tasks)
             await asyncio.gather(*tasks, return_exceptions=True)
             self._tasks.difference_update(tasks)
+        await self._dsp.aclose()
         await self._disconnect()
 
     # --- connection ----------------------------------------------------------------
@@ -318,7 +328,7 @@ class EsphomeLink:
             self._set_available()
             await self._lost.wait()
             self._connected.clear()
-            await self._end_conversation(send_run_end=False)
+            await self._end_session()
             await self._disconnect()
             self._set_unavailable(None)
 
@@ -433,6 +443,10 @@ class EsphomeLink:
             return API_AUDIO_PORT  # a repeated wake word while opening: same one
         if self.client is None:
             return None
+        if conversation is not None and conversation.resume():
+            # Idle: a new session on the same child; no await since the check.
+            self._run_started(conversation)
+            return API_AUDIO_PORT
         self._early_audio.clear()
         self._opening = self._spawn(self._open_conversation(), "open conversation")
         return API_AUDIO_PORT
@@ -441,7 +455,7 @@ class EsphomeLink:
         """Handle a stop: ``start=False`` (abort=True) or the end of the audio."""
         abort = bool(args[0]) if args else True
         if abort:
-            await self._end_conversation(send_run_end=False)
+            await self._end_session()
         # end=True of the audio: the session segments speech itself; nothing to do.
 
     async def _handle_audio(self, *args: Any) -> None:
@@ -469,16 +483,26 @@ class EsphomeLink:
             segmenter=self._segmenter,
             on_end=self._session_ended,
             on_state=followed,
+            dsp=self._dsp,
+            on_close=self._conversation_closed,
         )
-        followed.player = conversation.session.player
+        followed.conversation = conversation
         self._outputs[conversation] = followed.output
         if self.client is None or self._closed:
             await self._release(conversation)
             return
-        self.conversation = conversation
+        previous, self.conversation = self.conversation, conversation
+        if previous is not None:  # closing already (a wake word raced its close)
+            self._spawn(self._release(previous), "end conversation")
+        early, self._early_audio = bytes(self._early_audio), bytearray()
+        self._run_started(conversation, early)
+
+    def _run_started(
+        self, conversation: DuplexConversation, early: bytes = b""
+    ) -> None:
+        """Tell the device its run started; feed the audio that came meanwhile."""
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_START, {})
-        early, self._early_audio = bytes(self._early_audio), bytearray()
         if early:
             conversation.session.feed_mic(early)
         if self._on_conversation is not None:
@@ -487,22 +511,35 @@ class EsphomeLink:
     def _session_ended(self) -> None:
         """Silence after the last answer: back to wake-word listening.
 
-        Detached now, so a wake word right after it opens a new conversation that
-        this ending can neither cancel nor end on the device.
+        The conversation stays (idle, the child keeps its history): a wake word
+        within the binding's idle timeout resumes it.
         """
-        conversation, self.conversation = self.conversation, None
-        if conversation is None:
-            return
         # The only event that ends the mic stream, sent once the session is over.
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
+
+    def _conversation_closed(self, conversation: DuplexConversation) -> None:
+        """Detach ``conversation`` (the idle timeout began its close) and await the close."""
+        if self.conversation is conversation:
+            self.conversation = None
         self._spawn(self._release(conversation), "end conversation")
 
     async def _release(self, conversation: DuplexConversation) -> None:
         await conversation.aclose()
         if (output := self._outputs.pop(conversation, None)) is not None:
             await output.aclose()
-        if self._on_conversation is not None:
-            self._on_conversation(None)
+        if self.conversation is None and self._on_conversation is not None:
+            self._on_conversation(None)  # not when a newer one opened meanwhile
+
+    async def _end_session(self) -> None:
+        """End the session (the device went away or aborted); the child stays, idle."""
+        opening, self._opening = self._opening, None
+        if opening is not None and not opening.done():
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
+        self._early_audio.clear()
+        if self.conversation is not None:
+            self.conversation.end_session()
 
     async def _end_conversation(self, *, send_run_end: bool) -> None:
         opening, self._opening = self._opening, None
@@ -514,7 +551,7 @@ class EsphomeLink:
         conversation, self.conversation = self.conversation, None
         if conversation is None:
             return
-        if send_run_end:
+        if send_run_end and not conversation.ended:  # idle: the device is back already
             self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
         await self._release(conversation)
 

@@ -36,18 +36,9 @@ from homeassistant.helpers.dispatcher import (
 )
 
 from .audio.wakeword import MODELS_BY_ID, WakeWordEngine, WakeWordUnavailableError
-from .const import (
-    CONF_BARGE_IN,
-    CONF_END_SILENCE,
-    CONF_NAME,
-    CONF_WAKE_WORD,
-    DEFAULT_BARGE_IN,
-    DEFAULT_END_SILENCE,
-    DEFAULT_WYOMING_PORT,
-    DOMAIN,
-)
-from .duplex import BargeIn, DuplexOptions, SessionState
-from .duplex_ha import pipeline_stt, pipeline_tts
+from .const import CONF_NAME, CONF_WAKE_WORD, DEFAULT_WYOMING_PORT, DOMAIN
+from .duplex import SessionState
+from .duplex_ha import pipeline_stt, pipeline_tts, satellite_echo, satellite_options
 from .duplex_link import DuplexBinding, RoundEnds
 from .kernel import Kernel
 from .wyoming_link import LinkState, WyomingSatelliteLink
@@ -104,16 +95,6 @@ async def async_probe_wyoming(host: str, port: int) -> Info:
 def wyoming_key(conf: Mapping[str, Any]) -> str:
     """Return the stable key of a stored Wyoming satellite (host:port)."""
     return f"{conf[CONF_HOST]}:{conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)}"
-
-
-def duplex_options(conf: Mapping[str, Any]) -> DuplexOptions:
-    """Return the session options of one satellite from its stored settings."""
-    try:
-        barge_in = BargeIn(conf.get(CONF_BARGE_IN, DEFAULT_BARGE_IN))
-    except ValueError:
-        barge_in = BargeIn(DEFAULT_BARGE_IN)
-    end_silence = float(conf.get(CONF_END_SILENCE, DEFAULT_END_SILENCE))
-    return DuplexOptions(barge_in=barge_in, end_silence_ms=int(end_silence * 1000))
 
 
 def wake_model(conf: Mapping[str, Any]) -> str | None:
@@ -190,8 +171,9 @@ class WyomingSatellites:
             kernel=self.kernel,
             stt=pipeline_stt(self.hass),
             tts=pipeline_tts(self.hass),
-            options=duplex_options(conf),
+            options=satellite_options(conf),
             round_ends=self.round_ends,
+            echo=satellite_echo(str(conf.get(CONF_NAME) or key), conf),
         )
         link = WyomingSatelliteLink(
             str(conf[CONF_HOST]),

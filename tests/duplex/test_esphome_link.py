@@ -184,6 +184,7 @@ class Rig:
     tools: DeviceAction
     conversations: list[DuplexConversation]
     transcribe: Callable[[bytes], Any]
+    closed: asyncio.Event  # the link reported a conversation closed
 
     async def wake_and_say(self, pcm: bytes) -> DuplexConversation:
         """Wake the device, speak, and return the conversation that opened."""
@@ -218,6 +219,7 @@ async def rig(
     echo: Callable[[], EchoCanceller | None] | None = None,
     psk: str | None = None,
     connect: bool = True,
+    idle_timeout_s: float = 300.0,
     **device_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start the peers, the device, the kernel and the link; tear all down."""
@@ -251,9 +253,18 @@ async def rig(
             options=DuplexOptions(barge_in=barge_in, end_silence_ms=end_silence_ms),
             round_ends=round_ends,
             echo=echo,
+            idle_timeout_s=idle_timeout_s,
         )
         states = States()
         conversations: list[DuplexConversation] = []
+        closed = asyncio.Event()
+
+        def on_conversation(conversation: DuplexConversation | None) -> None:
+            if conversation is None:
+                closed.set()
+            else:
+                conversations.append(conversation)
+
         link = EsphomeLink(
             LinkConfig(
                 host=device.host,
@@ -265,7 +276,7 @@ async def rig(
             ),
             binding,
             on_state=states,
-            on_conversation=lambda c: conversations.append(c) if c else None,
+            on_conversation=on_conversation,
         )
         link.start()
         try:
@@ -282,6 +293,7 @@ async def rig(
                 tools,
                 conversations,
                 transcribe,
+                closed,
             )
         finally:
             tools.release.set()
@@ -312,7 +324,7 @@ def run_end_count(device: EmulatedDevice) -> int:
 
 
 async def test_wake_utterance_answer_then_silence_ends_the_run(clip) -> None:
-    """Wake word, words, an answer heard at the device; silence: RUN_END, idle."""
+    """Wake word, words, an answer heard at the device; silence: RUN_END, child kept."""
     async with rig() as r:
         assert r.link.login is False  # ESPHome >= 2026.1: login fell back
         r.peer.enqueue(Text("The kitchen "), Text("lights are on."))
@@ -329,9 +341,56 @@ async def test_wake_utterance_answer_then_silence_ends_the_run(clip) -> None:
         assert (await r.transcribe(r.answer_audio())) == ANSWER
         assert mic_ending_events(r.device) == []
         assert run_end_count(r.device) == 1
-        assert r.link.conversation is None
-        assert conversation.child_id not in r.kernel.children()  # handed off
+        assert r.link.conversation is conversation and conversation.idle
+        assert conversation.child_id in r.kernel.children()  # outlives the wake word
         assert r.device.runs[-1].mic_stop_reason == "run_end"
+
+
+async def test_a_wake_word_within_the_idle_timeout_continues_the_child(clip) -> None:
+    """Second wake word after RUN_END: a new session on the same child, history kept."""
+    async with rig() as r:
+        r.peer.enqueue(Text("The kitchen lights are on."))
+        r.peer.enqueue(Text("Okay."))
+        first = await r.wake_and_say(clip(ASK))
+        await r.device.wait_for_event(EventType.RUN_END)
+        await asyncio.wait_for(r.device.wait_for_state(State.IDLE), SAFETY)
+        first_session = first.session
+        since = r.device.mark()
+        second = await r.wake_and_say(clip(STOP))
+        assert second is first and second.session is not first_session
+        assert second.sessions == 2
+        await r.peer.wait_for_request(2)
+        await r.device.wait_for_event(EventType.RUN_END, since)
+        # The model saw the earlier turns.
+        contents = [m["content"] for m in r.peer.requests[1].body["messages"]]
+        assert contents[-3:] == [ASK, "The kitchen lights are on.", STOP]
+        assert [m.content for m in r.history(first)] == [
+            ASK,
+            "The kitchen lights are on.",
+            STOP,
+            "Okay.",
+        ]
+        assert first_session.state is SessionState.ENDED
+        assert r.closed.is_set() is False
+        assert mic_ending_events(r.device) == []
+
+
+async def test_the_idle_timeout_closes_the_conversation(clip) -> None:
+    """No wake word within the idle timeout: the child is handed off; a new one starts."""
+    async with rig(idle_timeout_s=0.2) as r:
+        r.peer.enqueue(Text("The kitchen lights are on."))
+        r.peer.enqueue(Text("Okay."))
+        first = await r.wake_and_say(clip(ASK))
+        await r.device.wait_for_event(EventType.RUN_END)
+        await asyncio.wait_for(r.closed.wait(), SAFETY)
+        assert r.link.conversation is None
+        assert first.child_id not in r.kernel.children()  # handed off
+        assert r.kernel.transcript(first.child_id) is not None
+        since = r.device.mark()
+        second = await r.wake_and_say(clip(STOP))
+        assert second is not first
+        await r.device.wait_for_event(EventType.RUN_END, since)
+        assert [m.content for m in r.history(second)] == [STOP, "Okay."]
 
 
 async def test_speech_during_playback_stops_it_and_is_answered(clip) -> None:
@@ -435,7 +494,7 @@ async def test_wake_word_mode_ignores_speech_during_playback(clip) -> None:
 
 
 async def test_device_drops_mid_answer_and_comes_back(clip) -> None:
-    """A lost connection closes the conversation; the link reconnects; a new one works."""
+    """A lost connection ends the session (cut as heard); a wake word continues the child."""
     async with rig() as r:
         r.peer.enqueue(Text(LONG))
         first = await r.wake_and_say(clip(ASK))
@@ -444,14 +503,18 @@ async def test_device_drops_mid_answer_and_comes_back(clip) -> None:
         r.device.drop_connection()
         await r.device.wait_for_voice_client(since)
         await asyncio.wait_for(r.link.wait_connected(), SAFETY)
-        assert r.link.conversation is None
-        assert first.child_id not in r.kernel.children()
-        assert first.session.state is SessionState.ENDED
+        assert r.link.conversation is first and first.idle
+        assert first.child_id in r.kernel.children()
+        first_session = first.session
+        assert first_session.state is SessionState.ENDED
         r.peer.enqueue(Text("The kitchen lights are on."))
         second = await r.wake_and_say(clip(ASK))
-        assert second is not first
+        assert second is first and second.session is not first_session
         await r.device.wait_for_event(EventType.RUN_END, since)
-        assert r.history(second)[-1].content == "The kitchen lights are on."
+        history = r.history(second)
+        assert history[1].interrupted and len(history[1].content) < len(LONG)
+        assert history[-1].content == "The kitchen lights are on."
+        assert not r.closed.is_set()
 
 
 async def test_aclose_mid_session_leaves_no_task(clip) -> None:
@@ -556,11 +619,15 @@ async def test_older_firmware_gets_login_and_both_audio_signatures_work() -> Non
             await asyncio.wait_for(opened, SAFETY)
             conversation = link.conversation
             assert conversation is not None
-            before = conversation.session.mic_ms
-            await link._handle_audio(bytes(640))  # noqa: SLF001 - aioesphomeapi 29.x
-            await link._handle_audio(bytes(640), b"")  # noqa: SLF001 - 45+
-            # No await suspends in between: exactly these 40 ms were fed.
-            assert conversation.session.mic_ms == before + 40
+            fed: list[bytes] = []
+            conversation.session.feed_mic = fed.append  # type: ignore[method-assign]
+            await link._handle_audio(b"\x01" * 640)  # noqa: SLF001 - aioesphomeapi 29.x
+            await link._handle_audio(b"\x02" * 640, b"")  # noqa: SLF001 - 45+
+            # No await suspends in between: these two chunks, in order.
+            assert [chunk for chunk in fed if chunk[:1] != b"\x00"] == [
+                b"\x01" * 640,
+                b"\x02" * 640,
+            ]
         finally:
             await link.aclose()
             await kernel.stop_all()

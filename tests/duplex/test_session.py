@@ -14,6 +14,7 @@ import pytest
 
 from custom_components.rtvoice.duplex import (
     BargeIn,
+    DspWorker,
     DuplexOptions,
     DuplexSession,
     SessionState,
@@ -448,3 +449,34 @@ async def test_an_older_round_ending_late_is_acknowledged_empty(rig_factory) -> 
     rig.session.output_end(3)
     await rig.child.final_acks(2)
     assert rig.child.finals() == [(2, 0), (3, len("Newer round. "))]
+
+
+async def test_on_a_dsp_worker_results_before_a_wake_word_are_stale() -> None:
+    """DSP off the loop: audio submitted before a wake word yields no utterance."""
+    worker = DspWorker()
+    stt = FakeStt("after")
+    child = FakeChild()
+    session = DuplexSession(
+        child,
+        stt=stt,
+        tts=FakeTts(),
+        send=FakeTransport().send,
+        options=DuplexOptions(end_silence_ms=0),
+        segmenter=UtteranceSegmenter(scripted_vad, silence_ms=100, pre_roll_ms=50),
+        clock=VirtualClock(),
+        dsp=worker,
+    )
+    try:
+        session.feed_mic(quiet(500) + speech(300) + quiet(150))  # not applied yet
+        session.wake_word_detected()  # the segmenter restarts after that audio
+        session.feed_mic(speech(300) + quiet(150))
+        drained = asyncio.Event()
+        worker.submit(lambda: None, done=lambda _: drained.set())
+        await drained.wait()
+        await child.pushed.wait()
+        assert child.pushes == ["after"]
+        assert len(stt.heard) == 1
+        assert session.mic_ms == 1400  # every frame counted, stale or not
+    finally:
+        await session.aclose()
+        await worker.aclose()

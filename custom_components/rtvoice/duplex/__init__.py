@@ -15,11 +15,12 @@ adapters, which bind the kernel child, STT, TTS and the transport::
         segmenter=segmenter,
         echo=echo,
         on_end=return_to_wake_word,      # silence after the last answer
+        dsp=DspWorker(),                 # one per stream: AEC/gate/VAD off the loop
     )
     # the kernel's output side (the round's seq with each delta, and its end):
     session.output_delta(seq, delta); session.output_end(seq)
     # the device:
-    session.feed_mic(chunk)              # any size; blocking DSP (~0.4 ms per 32 ms)
+    session.feed_mic(chunk)              # any size; DSP on the dsp= worker, else inline
     session.wake_word_detected()         # wake_word barge-in mode
     await session.aclose()               # no task left
 """
@@ -51,6 +52,7 @@ from .segmenter import (
 )
 from .sentences import Sentence, SentenceSplitter
 from .session import DuplexSession, SessionState, SessionStats
+from .worker import DspWorker
 
 __all__ = [
     "BYTES_PER_MS",
@@ -60,6 +62,7 @@ __all__ = [
     "BargeIn",
     "Clock",
     "ConversationChild",
+    "DspWorker",
     "DuplexOptions",
     "DuplexSession",
     "EchoCanceller",

@@ -15,6 +15,7 @@ placed by the player's schedule, not queued.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from .audio import FRAME_BYTES, SAMPLE_RATE
@@ -41,6 +42,9 @@ def unavailable_reason() -> str | None:
 class EchoCanceller:
     """One AEC3 instance for one stream. Blocking calls, ~0.1 ms per 10 ms frame.
 
+    ``far_end`` (the loop) and ``process`` (the stream's DSP worker) may run on two
+    threads: the reference time line is guarded by a lock.
+
     The reference is a time line in mic samples: ``far_end(pcm, at_sample=n)`` says
     the device plays ``pcm`` while its mic records sample ``n`` onwards (the session
     derives ``n`` from the player's schedule and the mic's arrival times). Each
@@ -66,6 +70,8 @@ class EchoCanceller:
         self._reference_end = 0  # sample after the last reference sample placed
         self._silence = bytes(FRAME_BYTES)
         self.last_reference = self._silence  # what the last process() cancelled
+        # far_end runs on the loop, process on the stream's DSP worker.
+        self._lock = threading.Lock()
 
     @property
     def mic_samples(self) -> int:
@@ -74,6 +80,10 @@ class EchoCanceller:
 
     def far_end(self, pcm: bytes, *, at_sample: int | None = None) -> None:
         """Place audio sent to the speaker on the mic's time line (any size)."""
+        with self._lock:
+            self._place(pcm, at_sample)
+
+    def _place(self, pcm: bytes, at_sample: int | None) -> None:
         start = self._reference_end if at_sample is None else at_sample
         start = max(start, self.mic_samples)  # the past is gone
         samples = len(pcm) // 2
@@ -95,16 +105,18 @@ class EchoCanceller:
 
     def reset_far_end(self) -> None:
         """Forget reference audio not yet matched (e.g. the device dropped its queue)."""
-        self._frames.clear()
-        self._reference_end = self.mic_samples
+        with self._lock:
+            self._frames.clear()
+            self._reference_end = self.mic_samples
 
     def process(self, frame: bytes) -> bytes:
         """Return the next 10 ms mic frame with the echo of the reference removed."""
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"frames must be {FRAME_BYTES} bytes, got {len(frame)}")
-        reference = self._frames.pop(self._mic_frame, None) or self._silence
-        self.last_reference = bytes(reference)
-        self._mic_frame += 1
+        with self._lock:
+            reference = self._frames.pop(self._mic_frame, None) or self._silence
+            self.last_reference = bytes(reference)
+            self._mic_frame += 1
         frame_cls = self._rtc.AudioFrame
         self._apm.process_reverse_stream(
             frame_cls(bytearray(reference), SAMPLE_RATE, 1, FRAME_SAMPLES)

@@ -21,6 +21,13 @@ States (``SessionState``):
 In ``wake_word`` mode speech never pauses an answer; ``wake_word_detected()`` cuts it.
 In ``off`` mode nothing interrupts while speaking (utterances that start then are
 dropped). Silence is counted in mic audio, so no timer task exists.
+
+The DSP of each 10 ms frame (echo canceller, gate, VAD: ``_analyse``) runs on the
+stream's ``DspWorker`` when one is given, and only there; its results come back in
+order and the state machine above acts on them on the loop (``_apply``). Whatever
+the state machine reads of the DSP (gate open, in an utterance) is the copy of the
+last applied frame; restarting the segmenter is a job on the worker too, and results
+of audio submitted before it are stale (their utterance events are dropped).
 """
 
 from __future__ import annotations
@@ -48,8 +55,14 @@ from .echo import EchoCanceller, MicTimeline
 from .gate import EchoAwareGate, GateEvent, OnsetGate
 from .heard import HeardLedger
 from .player import PacedPlayer, PlayerState
-from .segmenter import UtteranceEnded, UtteranceSegmenter, UtteranceStarted
+from .segmenter import (
+    SegmentEvent,
+    UtteranceEnded,
+    UtteranceSegmenter,
+    UtteranceStarted,
+)
 from .sentences import Sentence, SentenceSplitter
+from .worker import DspWorker
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -95,6 +108,17 @@ class _Track:
     energy: bool = False  # the onset gate was open at some point during it
 
 
+@dataclass(frozen=True, slots=True)
+class _FrameResult:
+    """What the DSP found in one 10 ms mic frame (computed on the DSP worker)."""
+
+    gate_event: GateEvent | None
+    onset_frame: int
+    gate_open: bool
+    segment_event: SegmentEvent | None
+    in_utterance: bool
+
+
 @dataclass
 class _Utterance:
     """An utterance on its way to the STT."""
@@ -134,8 +158,16 @@ class DuplexSession:
         clock: Clock | None = None,
         on_end: Callable[[], None] | None = None,
         on_state: Callable[[SessionState], None] | None = None,
+        dsp: DspWorker | None = None,
+        first_seq: int = 0,
     ) -> None:
-        """Bind the child, STT, TTS and transport; ``segmenter`` default: a warmed VAD (blocking)."""
+        """Bind the child, STT, TTS and transport; ``segmenter`` default: a warmed VAD (blocking).
+
+        ``dsp``: the stream's worker that runs the mic DSP (echo canceller, gate,
+        VAD) off the loop; None runs it inline in ``feed_mic`` (tests, benches).
+        The session does not own it. Rounds up to ``first_seq`` are not its own (an
+        earlier session of the same child): their output is ignored.
+        """
         self.options = options if options is not None else DuplexOptions()
         self._child = child
         self._stt = stt
@@ -162,7 +194,11 @@ class DuplexSession:
         self._timeline = MicTimeline()
         self.mic_ms = 0
         self._answer: _Answer | None = None
-        self._last_closed_seq = 0
+        self._last_closed_seq = first_seq
+        self._dsp = dsp
+        self._epoch = 0  # bumped when the segmenter restarts: older results are stale
+        self._gate_open = False  # the last applied frame's view (the loop's copy)
+        self._in_utterance = False
         self._pending_rounds: set[int] = set()
         self._utterances: asyncio.Queue[_Utterance] = asyncio.Queue()
         self._transcribing = False
@@ -175,14 +211,25 @@ class DuplexSession:
     # --- inputs ----------------------------------------------------------------------
 
     def feed_mic(self, pcm: bytes) -> None:
-        """Process mic audio (16 kHz mono s16le, any chunk size). Blocking DSP."""
+        """Process mic audio (16 kHz mono s16le, any chunk size).
+
+        With a ``dsp`` worker the DSP runs there and its results are applied on the
+        loop in order; without one it runs here (blocking, ~0.4-1.2 ms per 32 ms).
+        """
         if self.state is SessionState.ENDED:
             return
         if self._echo is not None:
             self._timeline.chunk(self.player.clock.now(), len(pcm) // 2)
-        for frame in self._chunker.feed(pcm):
-            if not self._process_frame(frame):
-                return
+        frames = self._chunker.feed(pcm)
+        if not frames:
+            return
+        epoch = self._epoch
+        if self._dsp is None:
+            self._apply(epoch, self._analyse(frames))
+        elif not self._dsp.submit(
+            self._analyse, frames, done=partial(self._apply, epoch)
+        ):
+            _LOGGER.debug("Mic audio after the DSP worker closed: dropped")
 
     def output_delta(self, seq: int, text: str) -> None:
         """Take a text delta of round ``seq`` (from the kernel's output handler)."""
@@ -227,9 +274,22 @@ class DuplexSession:
             self.stats.wake_interrupts += 1
             self._cut_answer()
             self._child.interrupt()
-        self.segmenter.restart()
+        self._restart_segmenter()
         self._utterance = _Track()
         self._set_state(SessionState.LISTENING)
+
+    def end(self) -> None:
+        """End the session now (the device went away or aborted), not by silence.
+
+        The answer is cut at what was heard (acknowledged) and the running round is
+        interrupted; ``on_end`` is not called. ``aclose`` still releases the tasks.
+        """
+        if self.state is SessionState.ENDED:
+            return
+        if self._answer is not None or self._pending_rounds:
+            self._cut_answer()
+            self._child.interrupt()
+        self._set_state(SessionState.ENDED)
 
     async def aclose(self) -> None:
         """End the session; no task is left running."""
@@ -249,12 +309,25 @@ class DuplexSession:
 
     # --- mic path ----------------------------------------------------------------------
 
-    def _process_frame(self, frame: bytes) -> bool:
-        """Process one 10 ms frame; return False once the session has ended."""
+    def _restart_segmenter(self) -> None:
+        """Restart the segmenter in order with the audio already submitted."""
+        self._epoch += 1
+        self._in_utterance = False
+        if self._dsp is None:
+            self.segmenter.restart()
+        else:
+            self._dsp.submit(self.segmenter.restart)
+
+    def _analyse(self, frames: list[bytes]) -> list[_FrameResult]:
+        """Run the DSP over 10 ms frames (on the worker: touches no session state)."""
+        if self.state is SessionState.ENDED:
+            return []
+        return [self._analyse_frame(frame) for frame in frames]
+
+    def _analyse_frame(self, frame: bytes) -> _FrameResult:
         raw = frame
         if self._echo is not None:
             frame = self._echo.process(frame)
-        self.mic_ms += FRAME_MS
         gate_event = self.gate.process(frame)
         if self._echo_gate is not None and self._echo is not None:
             quiet = self.gate.level < self.gate.floor + self.gate.margin_db / 2
@@ -273,8 +346,32 @@ class DuplexSession:
         else:
             onset_frame = self.gate.onset_frame
         segment_event = self.segmenter.process_frame(frame)
+        return _FrameResult(
+            gate_event,
+            onset_frame,
+            self.gate.open,
+            segment_event,
+            self.segmenter.in_utterance,
+        )
+
+    def _apply(self, epoch: int, results: list[_FrameResult]) -> None:
+        """Apply DSP results on the loop, frame by frame, until the session ends."""
+        for result in results:
+            if self.state is SessionState.ENDED:
+                return
+            self._process_frame(result, stale=epoch != self._epoch)
+
+    def _process_frame(self, result: _FrameResult, *, stale: bool) -> None:
+        """Act on one 10 ms frame's DSP result (``stale``: before a restart)."""
+        self.mic_ms += FRAME_MS
+        gate_event = result.gate_event
+        onset_frame = result.onset_frame
+        segment_event = None if stale else result.segment_event
+        self._gate_open = result.gate_open
+        if not stale:
+            self._in_utterance = result.in_utterance
         vad_mode = self.options.barge_in is BargeIn.VAD
-        if self.gate.open or gate_event is GateEvent.ONSET:
+        if self._gate_open or gate_event is GateEvent.ONSET:
             self._utterance.energy = True
 
         if (
@@ -293,16 +390,16 @@ class DuplexSession:
 
         if self.state is SessionState.PAUSED and self._no_speech_confirmed():
             self._resume()  # the VAD found no speech: a false onset
-        return self._count_silence()
+        self._count_silence()
 
     def _no_speech_confirmed(self) -> bool:
         """Return True when the VAD has had its chance to find speech, and has not."""
-        if self.segmenter.in_utterance or self._stt_pending():
+        if self._in_utterance or self._stt_pending():
             return False
         paused_for = self.mic_ms - self._paused_at_ms
         if paused_for < self.options.confirm_ms:
             return False
-        return not self.gate.open or paused_for >= self.options.max_pause_ms
+        return not self._gate_open or paused_for >= self.options.max_pause_ms
 
     def _utterance_started(self) -> None:
         self._silent_ms = 0
@@ -314,7 +411,7 @@ class DuplexSession:
         self._utterance = _Track(
             ignored=playing and self.options.barge_in is not BargeIn.VAD,
             over_answer=playing,
-            energy=self.gate.open,
+            energy=self._gate_open,
         )
         if self._utterance.ignored:
             return  # speech alone never interrupts in wake_word/off mode
@@ -346,24 +443,23 @@ class DuplexSession:
     def _stt_pending(self) -> bool:
         return self._transcribing or not self._utterances.empty()
 
-    def _count_silence(self) -> bool:
+    def _count_silence(self) -> None:
         if (
             self.options.end_silence_ms <= 0
             or self.state is not SessionState.LISTENING
             or self._answer is not None
             or self._pending_rounds
-            or self.segmenter.in_utterance
+            or self._in_utterance
             or self._stt_pending()
         ):
             self._silent_ms = 0
-            return self.state is not SessionState.ENDED
+            return
         self._silent_ms += FRAME_MS
         if self._silent_ms < self.options.end_silence_ms:
-            return True
+            return
         self._set_state(SessionState.ENDED)
         if self._on_end is not None:
             self._on_end()
-        return False
 
     async def _transcribe_loop(self) -> None:
         while True:
@@ -398,7 +494,7 @@ class DuplexSession:
             self._set_state(SessionState.LISTENING)
         elif (
             self.state is SessionState.PAUSED
-            and not self.segmenter.in_utterance
+            and not self._in_utterance
             and not self._stt_pending()
         ):
             self._resume()
@@ -426,7 +522,7 @@ class DuplexSession:
         self.stats.pause_gaps_ms.append(self.mic_ms - self._paused_at_ms)
         self.player.resume()
         self._set_state(
-            SessionState.RESUMING if self.gate.open else SessionState.SPEAKING
+            SessionState.RESUMING if self._gate_open else SessionState.SPEAKING
         )
 
     def _open_answer(self, seq: int) -> _Answer:
