@@ -361,7 +361,9 @@ async def test_settings_decide_barge_in_and_end_silence(
             assert stats.barge_ins == 0
             assert stats.dropped_utterances == 1
             assert len(openai_peer.requests) == 1
-        assert rig.link.conversation is None
+        # Back to the wake word; the conversation waits for it (idle timeout).
+        assert rig.link.conversation is conversation
+        assert conversation.idle
 
 
 async def test_echo_cancellation_when_asked_and_why_not(
