@@ -169,7 +169,7 @@ class RoomMic(Microphone):
         self._starting: Spoken | None = None
 
     def hear_speaker(self, pcm: bytes) -> None:
-        """The device received answer audio: it plays after what is queued."""
+        """Queue answer audio the device received: it plays after what is queued."""
         if self.room is not None:
             self.speaker += pcm
 
@@ -218,7 +218,7 @@ class RoomMic(Microphone):
 
 
 def room(seed: int, gain_db: float, delay_ms: float) -> Room:
-    """The echo path of tests/duplex/echo_sim.py (slow drift, as bench_duplex.py)."""
+    """Return the echo path of tests/duplex/echo_sim.py (slow drift, as bench_duplex.py)."""
     return Room(
         delay_ms=delay_ms, gain_db=gain_db, drift_ms=2.0, drift_period_s=60, seed=seed
     )
@@ -263,7 +263,7 @@ class Satellite:
         self.frames: list[float] = []  # loop time of each answer frame received
 
     def received(self, at: float) -> None:
-        """An answer frame arrived."""
+        """Note that an answer frame arrived."""
         self.frames.append(at)
 
     def last_frame_before(self, at: float) -> float | None:
@@ -284,7 +284,9 @@ class Satellite:
         return conversation.session.stats
 
 
-def wire_device(device: EmulatedDevice, mic: RoomMic, on_frame: Callable[[float], None] | None) -> None:
+def wire_device(
+    device: EmulatedDevice, mic: RoomMic, on_frame: Callable[[float], None] | None
+) -> None:
     """Put the bench's mic into the device and tap what its speaker receives."""
     device.voice.mic = mic
     original = device.voice.on_audio
@@ -300,7 +302,7 @@ def wire_device(device: EmulatedDevice, mic: RoomMic, on_frame: Callable[[float]
 
 
 def new_device(number: int) -> EmulatedDevice:
-    """An encrypted firmware-2026.9 satellite with a speaker."""
+    """Return an encrypted firmware-2026.9 satellite with a speaker."""
     return EmulatedDevice(
         name=f"bench-{number}",
         encrypted=True,
@@ -313,7 +315,7 @@ def new_device(number: int) -> EmulatedDevice:
 def new_link(
     host: str, port: int, psk: str | None, binding: DuplexBinding, states: States | None
 ) -> EsphomeLink:
-    """The product's link to one device."""
+    """Return the product's link to one device."""
     return EsphomeLink(
         LinkConfig(
             host=host,
@@ -332,7 +334,7 @@ def new_link(
 async def kernel_and_peer(
     speech: InstantSpeech, options: DuplexOptions, *, echo: bool, answer: str
 ) -> AsyncIterator[tuple[DuplexBinding, Kernel]]:
-    """A real kernel on the loopback OpenAI peer (answers ``answer`` at once)."""
+    """Yield a real kernel on the loopback OpenAI peer (answers ``answer`` at once)."""
     async with OpenAIPeer() as peer:
         peer.default_reply(Text(answer))
         round_ends = RoundEnds()
@@ -361,7 +363,7 @@ async def kernel_and_peer(
 async def satellite(
     number: int, binding: DuplexBinding, echo_room: Room | None
 ) -> AsyncIterator[Satellite]:
-    """A device in this process and the product's link to it, connected."""
+    """Yield a device in this process and the product's link to it, connected."""
     loop = asyncio.get_running_loop()
     async with new_device(number) as device:
         mic = RoomMic(loop, echo_room)
@@ -486,7 +488,7 @@ async def barge_chain(
 
 
 async def wait_frame_after(sat: Satellite, at: float) -> float | None:
-    """The first answer frame received after ``at`` (waits for it, bounded)."""
+    """Return the first answer frame received after ``at`` (waits, bounded)."""
     deadline = asyncio.get_running_loop().time() + 5.0
     while (first := sat.first_frame_after(at)) is None:
         if asyncio.get_running_loop().time() > deadline:
@@ -631,7 +633,11 @@ async def cpu_per_stream(count: int, window: float) -> Row:
                     1
                     for link in links
                     if link.session_state
-                    in (SessionState.SPEAKING, SessionState.PAUSED, SessionState.RESUMING)
+                    in (
+                        SessionState.SPEAKING,
+                        SessionState.PAUSED,
+                        SessionState.RESUMING,
+                    )
                 )
                 pauses = sum(
                     link.conversation.session.stats.pauses
@@ -719,7 +725,9 @@ async def main(args: argparse.Namespace) -> None:
     if "16" in rows:
         if echo_unavailable_reason() is None:
             res = await barge_chain(args.trials, echo=True, coughs=False, seed=2)
-            vad = await echo_answers(args.answers, args.echo_streams, BargeIn.VAD, seed=3)
+            vad = await echo_answers(
+                args.answers, args.echo_streams, BargeIn.VAD, seed=3
+            )
             scale = 100 / max(1, vad["answers"])
             self_vad = vad["barge_ins"] + max(0, vad["pushes"] - vad["asks"])
             vad_text = (

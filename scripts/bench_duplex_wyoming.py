@@ -27,7 +27,7 @@ import inspect
 from pathlib import Path
 import random
 import sys
-from typing import Any
+from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -114,7 +114,7 @@ class FakeSatellite:
         self._origin = 0.0
         self.connected = asyncio.Event()
 
-    async def __aenter__(self) -> FakeSatellite:
+    async def __aenter__(self) -> Self:
         """Listen on a free port."""
         self._server = await asyncio.start_server(self._accept, self.host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -157,7 +157,9 @@ class FakeSatellite:
         loop = asyncio.get_running_loop()
         self._origin = loop.time()
         self._next_chunk = 0
-        await async_write_event(AudioStart(rate=RATE, width=2, channels=1).event(), writer)
+        await async_write_event(
+            AudioStart(rate=RATE, width=2, channels=1).event(), writer
+        )
         while True:
             due = self._origin + (self._next_chunk + 1) * CHUNK_SECONDS
             if (delay := due - loop.time()) > 0:
@@ -170,7 +172,7 @@ class FakeSatellite:
             await async_write_event(chunk.event(), writer)
 
     def wake(self) -> None:
-        """The satellite's own wake word fired."""
+        """Send a detection: the satellite's own wake word fired."""
         assert self._writer is not None
         task = asyncio.get_running_loop().create_task(
             async_write_event(Detection(name="hey_jarvis").event(), self._writer)
@@ -199,7 +201,7 @@ class FakeSatellite:
 async def wyoming_link(
     host: str, port: int, kernel: Kernel, speech: InstantSpeech, options: DuplexOptions
 ) -> Any:
-    """The product's link, bound to the kernel as its public API allows."""
+    """Yield the product's link, bound to the kernel as its public API allows."""
     params = inspect.signature(WyomingSatelliteLink).parameters
     if "child" not in params:
         raise RuntimeError(
@@ -256,7 +258,9 @@ async def barge_chain(trials: int, seed: int) -> tuple[list[float], int]:
             ChannelRegistry(),
         )
         try:
-            async with wyoming_link(sat.host, sat.port, kernel, speech, options) as link:
+            async with wyoming_link(
+                sat.host, sat.port, kernel, speech, options
+            ) as link:
                 await asyncio.wait_for(link.wait_connected(), SAFETY)
                 mark = sat.received.mark()
                 sat.wake()

@@ -145,7 +145,9 @@ def bench_rows(quick: bool, only: set[str]) -> None:
     for text in OTHER:
         for voice in voices:
             for rate in rates:
-                first, _ = run(engine.open_stream(), speak(text, voice=voice, rate=rate))
+                first, _ = run(
+                    engine.open_stream(), speak(text, voice=voice, rate=rate)
+                )
                 clips += 1
                 false_clips += bool(first)
     seconds = 10 if quick else 60
