@@ -73,6 +73,7 @@ from tests.peers.speech import speak
 
 FIRMWARE = "2026.9.0"  # raw API audio plays; never answers the login
 SAFETY = 60.0  # seconds: a safety net against hangs, never a synchronisation
+SPEAKER_AT_ARRIVAL = False  # --speaker-at-arrival (see RoomMic)
 RATE = 16000
 LOUD = 300  # |sample| above this counts as sound (about -41 dBFS)
 ASK = "turn on the kitchen lights"
@@ -157,11 +158,25 @@ class RoomMic(Microphone):
     played into the echo the mic hears.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, room: Room | None) -> None:
-        """No speech queued, nothing played yet."""
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        room: Room | None,
+        *,
+        at_arrival: bool = False,
+    ) -> None:
+        """No speech queued, nothing played yet.
+
+        ``at_arrival``: audio reaching an idle speaker starts playing at its arrival
+        (the paced player's model of the device); otherwise at the start of the mic
+        frame being captured (up to 32 ms earlier, as a device whose speaker and mic
+        run on the same 32 ms buffers).
+        """
         super().__init__()
         self.loop = loop
         self.room = room
+        self.at_arrival = at_arrival
+        self.played_samples = 0  # speaker samples rendered into the echo so far
         self.speaker = bytearray()
         self.echo_samples = np.zeros(0)
         self.origin: float | None = None  # loop time of mic sample 0 of the run
@@ -170,8 +185,14 @@ class RoomMic(Microphone):
 
     def hear_speaker(self, pcm: bytes) -> None:
         """Queue answer audio the device received: it plays after what is queued."""
-        if self.room is not None:
-            self.speaker += pcm
+        if self.room is None:
+            return
+        if self.at_arrival and not self.speaker and self.origin is not None:
+            arrival = round((self.loop.time() - self.origin) * RATE)
+            gap = arrival - self.played_samples
+            if gap > 0:  # the idle speaker starts at the arrival, not before
+                self.speaker += bytes(2 * gap)
+        self.speaker += pcm
 
     def say(self, pcm: bytes) -> Spoken:
         """Queue a clip for the mic (nothing else queued); its truth record."""
@@ -187,6 +208,7 @@ class RoomMic(Microphone):
         now = self.loop.time()
         if index == 0:
             self.origin = None
+            self.played_samples = 0
         bound = now - (index + 1) * FRAME_SECONDS  # the mic clock's start, or later
         self.origin = bound if self.origin is None else min(self.origin, bound)
         starting, self._starting = self._starting, None
@@ -203,6 +225,7 @@ class RoomMic(Microphone):
         while len(self.echo_samples) < samples:
             step = bytes(self.speaker[:320])
             del self.speaker[:320]
+            self.played_samples += 160
             played = np.frombuffer(step + bytes(320 - len(step)), dtype="<i2")
             heard = self.room.mic_step(played.astype(np.float64))
             self.echo_samples = np.concatenate(
@@ -366,7 +389,7 @@ async def satellite(
     """Yield a device in this process and the product's link to it, connected."""
     loop = asyncio.get_running_loop()
     async with new_device(number) as device:
-        mic = RoomMic(loop, echo_room)
+        mic = RoomMic(loop, echo_room, at_arrival=SPEAKER_AT_ARRIVAL)
         states = States()
         link = new_link(device.host, device.port, device.noise_psk, binding, states)
         sat = Satellite(device, mic, link)
@@ -785,6 +808,11 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--streams", type=int, default=20, help="row 15")
     parser.add_argument("--window", type=float, default=5.0, help="row 15 seconds")
     parser.add_argument("--quick", action="store_true", help="short runs")
+    parser.add_argument(
+        "--speaker-at-arrival",
+        action="store_true",
+        help="rows 12-16: audio reaching an idle speaker plays from its arrival",
+    )
     parser.add_argument("--only", help="comma-separated row numbers (12-16)")
     parsed, _unknown = parser.parse_known_args()
     if parsed.quick:
@@ -794,4 +822,6 @@ def _parse() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(_parse()))
+    arguments = _parse()
+    SPEAKER_AT_ARRIVAL = arguments.speaker_at_arrival
+    asyncio.run(main(arguments))
