@@ -86,10 +86,19 @@ logger:
 
 
 class InstantStt(WyomingSttServer):
-    """Answers the phrase as soon as the audio stops (no recognition)."""
+    """Answers the phrase as soon as the audio stops (no recognition).
+
+    ``numbered``: each transcript ends with its STT request's number, so a model
+    request and the device run it came from can be told apart (row 10's log).
+    """
+
+    numbered = False
+    count = 0
 
     async def _answer(self, utterance: Utterance, writer: asyncio.StreamWriter) -> None:
-        await async_write_event(Transcript(text=PHRASE).event(), writer)
+        self.count += 1
+        text = f"{PHRASE} number {self.count}" if self.numbered else PHRASE
+        await async_write_event(Transcript(text=text).event(), writer)
 
 
 class InstantTts(WyomingTtsServer):
@@ -335,8 +344,58 @@ async def bench_answer(
     )
 
 
+def user_text(request: Any) -> str:
+    """Return the last user message of a model request."""
+    users = [m for m in request.messages if m.get("role") == "user"]
+    content = users[-1].get("content", "") if users else ""
+    return content if isinstance(content, str) else str(content)
+
+
+def stt_text(run: Run) -> str:
+    """Return the transcript the device got for a run ("" before STT ended)."""
+    for entry in run.events:
+        if entry.detail["type"] == EventType.STT_END:
+            return str(entry.detail["data"].get("text", ""))
+    return ""
+
+
+def request_log(
+    device: EmulatedDevice, peer: OpenAIPeer, watched: dict[int, str]
+) -> list[str]:
+    """One line per model request: its words, the run that asked, watched, hung up."""
+    runs_by_text = {stt_text(run): run for run in device.runs if stt_text(run)}
+    lines = []
+    for number, request in enumerate(peer.requests, 1):
+        text = user_text(request)
+        run = runs_by_text.get(text)
+        origin = (
+            f"run {run.number} '{run.wake_word_phrase}' ended {run.end_reason!r}"
+            if run is not None
+            else "no device run with these words"
+        )
+        if request.disconnected_at is not None:
+            fate = (
+                f"hung up after {request.disconnected_at - request.received_at:.3f} s"
+            )
+        elif request.completed:
+            fate = "completed"
+        else:
+            fate = "still open"
+        lines.append(
+            f"  request {number}: {text!r} from {origin};"
+            f" {watched.get(number, 'not watched')}; {fate}"
+        )
+    return lines
+
+
 async def bench_barge_in(
-    device: EmulatedDevice, peer: OpenAIPeer, pcm: bytes, trials: int
+    device: EmulatedDevice,
+    peer: OpenAIPeer,
+    pcm: bytes,
+    trials: int,
+    *,
+    barge_at: float = MID_ANSWER,
+    log: list[str] | None = None,
 ) -> Row:
     """10: the device starts a new run mid-answer -> the peer sees the hang-up.
 
@@ -348,6 +407,7 @@ async def bench_barge_in(
     loop = asyncio.get_running_loop()
     clock = time.perf_counter() - loop.time()  # the peer stamps with perf_counter
     latencies: list[float] = []
+    watched: dict[int, str] = {}
     peer.default_reply(Text("Well, let me see"), Hang())
     retried = 0
     try:
@@ -377,7 +437,7 @@ async def bench_barge_in(
                     break
                 number += 1
             # Mid-answer: the first words were streamed, the answer is held open.
-            await asyncio.sleep(MID_ANSWER)
+            await asyncio.sleep(barge_at)
             if request.disconnected.is_set():
                 retried += 1
                 continue
@@ -385,6 +445,11 @@ async def bench_barge_in(
                 pcm, wake_word=f"barge {trial} b", interrupt=Interrupt.RESTART
             )
             assert second is not None
+            if log is not None:
+                watched[number] = (
+                    f"watched by trial {trial} (its run {first.number} 'barge {trial} a',"
+                    f" barged by run {second.number})"
+                )
             await asyncio.wait_for(request.disconnected.wait(), SAFETY)
             assert request.disconnected_at is not None
             latencies.append(request.disconnected_at - clock - second.requested_at)
@@ -392,11 +457,15 @@ async def bench_barge_in(
             await asyncio.wait_for(second.ended.wait(), SAFETY)
     finally:
         peer.default_reply(Text(ANSWER))
+        if log is not None:
+            log += request_log(device, peer, watched)
+    slow = sum(1 for lat in latencies if lat > 1.0)
     return Row(
         "10 voice: pipeline-mode barge-in, device starts a new run mid-answer → peer"
         " sees the hang-up",
         f"p50 {pct(latencies, 50) * 1e3:.1f} ms, p99 {pct(latencies, 99) * 1e3:.1f} ms"
-        f" ({len(latencies)} trials, {MID_ANSWER * 1e3:.0f} ms into the answer;"
+        f" ({len(latencies)} trials, {barge_at * 1e3:.0f} ms into the answer,"
+        f" {slow} not hung up within 1 s;"
         f" {retried} runs ended on the device by the previous barge-in's late"
         " RUN_END before reaching the agent, not counted)",
         "p99 ≤ 20 ms",
@@ -483,7 +552,21 @@ async def main(args: argparse.Namespace) -> None:
             show(await bench_answer(hass, devices[0], selects[0], short, args.trials))
         if "10" in rows:
             await select_pipeline(hass, selects[0], PIPELINE_RV)
-            show(await bench_barge_in(devices[0], peer, short, args.trials))
+            log: list[str] | None = [] if args.log_requests else None
+            stt_server.numbered = args.log_requests
+            show(
+                await bench_barge_in(
+                    devices[0],
+                    peer,
+                    short,
+                    args.trials,
+                    barge_at=args.barge_at,
+                    log=log,
+                )
+            )
+            stt_server.numbered = False
+            if log is not None:
+                print("row 10, every model request:\n" + "\n".join(log), flush=True)
         if "11" in rows:
             show(await bench_cpu(pid, devices, long, args.window))
         for device in devices:
@@ -503,6 +586,17 @@ def _parse() -> Any:
     )
     parser.add_argument("--satellites", type=int, default=20, help="row 11")
     parser.add_argument("--window", type=float, default=5.0, help="row 11: seconds")
+    parser.add_argument(
+        "--barge-at",
+        type=float,
+        default=MID_ANSWER,
+        help="row 10: seconds after the peer saw the request (0.001: the open question)",
+    )
+    parser.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="row 10: print every model request, the run it came from, its fate",
+    )
     parser.add_argument("--quick", action="store_true", help="10 trials, 5 satellites")
     parser.add_argument("--only", help="comma-separated row numbers (9,10,11)")
     # scripts/bench passes the other benchmarks' options too.

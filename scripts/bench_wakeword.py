@@ -115,11 +115,98 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def bench_rows(quick: bool, only: set[str]) -> None:
+    """Rows 17-18 of ``scripts/bench``: one line each, the same measurements."""
+    from scripts.bench_kernel import Row  # noqa: PLC0415
+
+    voices = VOICES[:2] if quick else VOICES
+    rates = [160] if quick else RATES
+    engine = WakeWordEngine()
+    engine.warm_up()
+    latencies: list[float] = []
+    hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for model_id, text in WAKE:
+        if text == "hey mycroft":  # espeak-ng says "mick-roft": see the full table
+            continue
+        for voice in voices:
+            for rate in rates:
+                pcm = speak(text, voice=voice, rate=rate)
+                first, frame_cpu = run(engine.open_stream(), pcm)
+                hits[model_id][1] += 1
+                if model_id in first:
+                    hits[model_id][0] += 1
+                    latencies.append(
+                        first[model_id]
+                        - speech_end_ms(pcm)
+                        + 1000 * statistics.mean(frame_cpu)
+                    )
+    false_clips = 0
+    clips = 0
+    for text in OTHER:
+        for voice in voices:
+            for rate in rates:
+                first, _ = run(
+                    engine.open_stream(), speak(text, voice=voice, rate=rate)
+                )
+                clips += 1
+                false_clips += bool(first)
+    seconds = 10 if quick else 60
+    speech = b"".join(speak(t) for t in OTHER)
+    speech = (speech * math.ceil(seconds * 1000 * BYTES_PER_MS / len(speech)))[
+        : seconds * 1000 * BYTES_PER_MS
+    ]
+    rtf: dict[str, float] = {}
+    for label, ids in (("one model", ["okay_nabu"]), ("all 5 models", None)):
+        stream = engine.open_stream(ids)
+        stream.feed(speech)
+        began = time.process_time()
+        while stream.frames_ready:
+            stream.process()
+        rtf[label] = (time.process_time() - began) / seconds
+        stream.close()
+    total = sum(n for _, n in hits.values())
+    found = sum(h for h, _ in hits.values())
+    rows = [
+        Row(
+            "17 wake word (openWakeWord engine): CPU per stream (real-time factor) and"
+            " end of phrase → detection",
+            f"RTF {rtf['one model']:.3f} one model, {rtf['all 5 models']:.3f} all"
+            f" models ({rtf['all 5 models'] * 100:.1f} % of a core per stream);"
+            f" latency p50 {pct(latencies, 0.5):.0f} ms, p99 {pct(latencies, 0.99):.0f}"
+            f" ms, max {max(latencies):.0f} ms (n={len(latencies)}, audio time of the"
+            " detecting 80 ms frame + its compute)",
+            "—",
+        ),
+        Row(
+            f"18 wake word: detection rate on espeak-ng phrases ({len(voices)} voices ×"
+            f" {len(rates)} speeds), false detections on other phrases",
+            f"{found}/{total} ({100 * found / total:.0f} %): "
+            + ", ".join(f"{m} {h}/{n}" for m, (h, n) in hits.items())
+            + f"; false: {false_clips} of {clips} clips of {len(OTHER)} other phrases",
+            "—",
+        ),
+    ]
+    for row in rows:
+        if row.name.split()[0] in only:
+            print(f"{row.name} | {row.measured} | {row.target}", flush=True)
+
+
 def main() -> None:
     """Measure and print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 voices, 1 speed")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--rows", action="store_true", help="print rows 17-18 of scripts/bench only"
+    )
+    parser.add_argument("--only", help="with --rows: comma-separated row numbers")
+    args, _unknown = parser.parse_known_args()
+    if args.rows:
+        only = {"17", "18"}
+        if args.only:
+            only &= {r.strip() for r in args.only.split(",")}
+        if only:
+            bench_rows(args.quick, only)
+        return
     voices = VOICES[:2] if args.quick else VOICES
     rates = [160] if args.quick else RATES
 
