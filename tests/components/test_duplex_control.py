@@ -3,7 +3,8 @@
 The rig of ``test_duplex_entity``: the emulated Voice PE-like satellite (real
 aioesphomeapi client), the offline Wyoming speech servers through HA's
 ``wyoming`` integration, the OpenAI-compatible peer. Waits are on events;
-timeouts are safety nets. One test gate: the link's close is held open (wrapped,
+timeouts are safety nets. For Wyoming, the real wyoming-satellite of
+``test_wyoming_satellite``. One test gate: the link's close is held open (wrapped,
 not replaced) so that the caller of a stop can be cancelled while it runs.
 """
 
@@ -22,13 +23,17 @@ from custom_components.rtvoice.const import (
     CONF_END_SILENCE,
     CONF_IDLE_TIMEOUT,
     CONF_PROMPT,
+    CONF_WAKE_WORD,
     DOMAIN,
     EVENT_CONVERSATION_CLOSED,
 )
 from custom_components.rtvoice.duplex_link import DuplexConversation
+from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import Event, HomeAssistant, callback
+from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.exceptions import ServiceValidationError
-from tests.components.esphome_rig import spoken, wait
+from tests.components.common import async_load_entry, openai_entry
+from tests.components.esphome_rig import entity_of, spoken, wait
 from tests.components.test_duplex_entity import (
     ASK,
     NEWS,
@@ -36,6 +41,18 @@ from tests.components.test_duplex_entity import (
     REPLY,
     SAFETY,
     duplex_rig,
+)
+from tests.components.test_wyoming_satellite import (
+    ASK_LIGHTS,
+    WAKE,
+    options_step,
+    sat_python,  # noqa: F401 - a fixture
+    satellite_rig,
+    say,
+    speech_pipeline,
+    the_link,
+    wait_for_state,
+    wake_available,  # noqa: F401 - a fixture
 )
 from tests.peers.esphome import EventType
 from tests.peers.openai_server import OpenAIPeer, Text
@@ -253,3 +270,62 @@ async def test_extra_system_prompt_reaches_the_duplex_conversation(
         ]
         listed = await call(hass, "list_conversations")
         assert [c["satellite"] for c in listed["conversations"]] == [rig.satellite]
+
+
+async def test_wyoming_conversation_is_the_entrys(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,  # noqa: F811 - the imported fixture
+    wake_available: None,  # noqa: F811 - the imported fixture
+) -> None:
+    """A Wyoming satellite's conversation: the entry's settings, listed, stopped.
+
+    A real wyoming-satellite (the rig of ``test_wyoming_satellite``). The
+    entry's prompt reaches the model with the satellite entity's prompt scope;
+    the conversation is listed under the satellite and a stop closes it.
+    """
+    hass.config.config_dir = str(tmp_path)  # the TTS cache is written there
+    entry = await async_load_entry(
+        hass,
+        openai_entry(
+            hass, openai_peer, options={CONF_PROMPT: PROMPT, CONF_IDLE_TIMEOUT: 77}
+        ),
+    )
+    async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
+        result = await options_step(
+            hass,
+            entry,
+            "add_wyoming",
+            {
+                CONF_HOST: satellite.host,
+                CONF_PORT: satellite.port,
+                CONF_WAKE_WORD: "hey_jarvis",
+            },
+        )
+        assert result["type"] is FlowResultType.CREATE_ENTRY, result
+        await hass.async_block_till_done()  # the entry reloads with the satellite
+        entity_id = entity_of(hass, entry, "assist_satellite")
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        openai_peer.enqueue(Text("The kitchen lights are on."))
+        await say(satellite, WAKE)
+        await wait_for_state(hass, entity_id, {"listening"})
+        await say(satellite, ASK_LIGHTS)
+        request = await wait(openai_peer.wait_for_request(1), SAFETY)
+        assert "You are the helper of the KITCHEN." in request.messages[0]["content"]
+        conversation = link.conversation
+        assert conversation is not None
+        assert conversation.binding.idle_timeout_s == 77
+        assert conversation.binding.prompt_scope == entity_id
+
+        listed = await call(hass, "list_conversations")
+        assert [(c["id"], c["satellite"]) for c in listed["conversations"]] == [
+            (conversation.child_id, entity_id)
+        ]
+        stopped = await call(
+            hass, "stop_conversation", conversation_id=conversation.child_id
+        )
+        assert stopped["messages"] >= 1
+        assert (await call(hass, "list_conversations"))["conversations"] == []
+        assert await hass.config_entries.async_unload(entry.entry_id)
