@@ -329,3 +329,46 @@ async def test_wyoming_conversation_is_the_entrys(
         assert stopped["messages"] >= 1
         assert (await call(hass, "list_conversations"))["conversations"] == []
         assert await hass.config_entries.async_unload(entry.entry_id)
+
+
+async def test_send_to_a_waiting_duplex_conversation_is_said_then_heard(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    hass_client_no_auth: ClientSessionGenerator,
+) -> None:
+    """Sent while the satellite waits for its wake word: said, then it listens.
+
+    The answer is announced (start_conversation) and the reply lands in the same
+    conversation, after the answer in its history.
+    """
+    async with duplex_rig(
+        hass,
+        tmp_path,
+        openai_peer,
+        client_factory=hass_client_no_auth,
+        **{CONF_END_SILENCE: 1},
+    ) as rig:
+        openai_peer.enqueue(Text("The kitchen lights are on."))
+        since = rig.device.mark()
+        rig.device.say(await spoken(ASK))
+        await wait(openai_peer.wait_for_request(1), SAFETY)
+        await wait(rig.device.wait_for_event(EventType.RUN_END, since), SAFETY)
+        conversation = rig.link.conversation
+        assert conversation is not None and conversation.idle
+        [item] = (await call(hass, "list_conversations"))["conversations"]
+        assert item["id"] == conversation.child_id
+
+        openai_peer.enqueue(Text("Dinner is ready."))
+        openai_peer.enqueue(Text("Enjoy your meal."))
+        rig.device.say(await spoken(REPLY), wake_word=None)  # for the run to come
+        await call(hass, "send", conversation_id=item["id"], text="call them in")
+        request = await wait(openai_peer.wait_for_request(3), SAFETY)
+        assert roles(request.messages)[-3:] == [
+            ("user", "call them in"),
+            ("assistant", "Dinner is ready."),
+            ("user", REPLY),
+        ]
+        assert rig.link.conversation is conversation
+        [announced] = [p for p in rig.device.playbacks if p.source == "announce"]
+        assert await rig.link.binding.stt(announced.pcm) == NEWS
