@@ -294,7 +294,13 @@ class WyomingSatellites:
     def _session_state(self, key: str, state: SessionState | None) -> None:
         self.states[key] = state
         link = self.links.get(key)
-        if state is not None and link is not None and link.conversation is not None:
+        if (
+            state is not None
+            and link is not None
+            and link.conversation is not None
+            and not link.conversation.closing
+            and not self.sessions.is_duplex(link.conversation.child_id)
+        ):
             entity_id = self.entity_ids.get(key)
             self.sessions.attach_duplex(  # once per conversation
                 link.conversation.child_id,
