@@ -11,9 +11,10 @@ plays). What HA's satellite features need, as HA's esphome entity does it:
 - announcements (``ANNOUNCE``) play on the device through its voice assistant
   (``VoiceAssistantAnnounceRequest``); one that arrives during a conversation
   closes that conversation first, as HA cancels a running pipeline;
-- ``START_CONVERSATION``: the announcement, then the device listens; the
-  conversation its start opens has the announced text in its history as what the
-  assistant said;
+- ``START_CONVERSATION``: the conversation opens (the announced text in its
+  history as what the assistant said, the action's ``extra_system_prompt`` in its
+  system prompt), the announcement plays, then the device listens and its start
+  resumes that conversation;
 - the wake word configuration is the device's own (read when the link connects).
 
 Announce and start_conversation are offered when the device's firmware reports
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from aioesphomeapi import APIConnectionError, VoiceAssistantFeature
 
@@ -152,13 +154,15 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
             if not was_available:
                 self._refresh_configuration()
         state = self._duplex.states.get(self._key)
+        if state in _STATES:
+            # A live session (after a start_conversation's announcement the
+            # device may listen before HA's action has returned).
+            new_state = _STATES[state]
         # HA's base class sets it around async_announce (read defensively: private).
-        if getattr(self, "_is_announcing", False):
+        elif getattr(self, "_is_announcing", False):
             new_state = AssistSatelliteState.RESPONDING  # until it has played
-        elif state is None:
-            new_state = AssistSatelliteState.IDLE
         else:
-            new_state = _STATES.get(state, AssistSatelliteState.IDLE)
+            new_state = AssistSatelliteState.IDLE
         # Writes the state (called only once the entity is added).
         self._set_state(new_state)
 
@@ -173,16 +177,41 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
             preannounce_media_id=announcement.preannounce_media_id,
         )
 
+    async def async_internal_start_conversation(
+        self, *args: Any, **kwargs: Any
+    ) -> None:
+        """Run HA's action, then show the session's state again.
+
+        HA's base class sets the state to idle when the action returns; the
+        device may be listening by then.
+        """
+        try:
+            # Passed on as given: the arguments differ between HA versions.
+            await super().async_internal_start_conversation(*args, **kwargs)
+        finally:
+            self._updated()
+
     async def async_start_conversation(
         self, start_announcement: AssistSatelliteAnnouncement
     ) -> None:
-        """Announce, then the device listens: its start opens the conversation."""
-        await self._duplex.async_announce(
+        """Announce, then the device listens; the reply lands in the conversation.
+
+        The conversation opens before the announcement (with the message as what
+        the assistant said, and HA's ``extra_system_prompt`` in its system
+        prompt), unless ``rtvoice.start_conversation`` opened it already.
+        """
+        message = start_announcement.message
+        # HA's base class keeps the action's extra_system_prompt here for the
+        # pipeline it would run (the message itself when none was given; that
+        # one is recorded as said instead). Read defensively: private.
+        extra = getattr(self, "_extra_system_prompt", None)
+        self._extra_system_prompt = None
+        await self._duplex.async_start_conversation(
             self._key,
             start_announcement.media_id,
-            start_announcement.message,
+            message,
             preannounce_media_id=start_announcement.preannounce_media_id,
-            start_conversation=True,
+            extra_prompt=extra if isinstance(extra, str) and extra != message else None,
         )
 
     # --- wake word configuration ----------------------------------------------------
@@ -290,7 +319,7 @@ class WyomingSatelliteEntity(AssistSatelliteEntity):
         self._attr_available = False
 
     async def async_added_to_hass(self) -> None:
-        """Follow the link."""
+        """Follow the link; conversations render this satellite's prompt sections."""
         await super().async_added_to_hass()
         self.async_on_remove(
             async_dispatcher_connect(
@@ -299,6 +328,7 @@ class WyomingSatelliteEntity(AssistSatelliteEntity):
                 self._updated,
             )
         )
+        self._wyoming.set_prompt_scope(self._key, self.entity_id)
         self._updated()
 
     @callback

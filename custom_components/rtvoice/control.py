@@ -13,6 +13,15 @@ belong to them, and may not list them or read transcripts.
 Answers of inputs sent here (``send``) are spoken on the satellite with
 ``assist_satellite.announce`` when the satellite supports announcements; otherwise
 they are only kept in the transcript.
+
+Duplex satellites (ESPHome and Wyoming satellites this entry owns) run their
+conversations on their own links; the ``SessionManager`` indexes them, so they
+are listed, sent to, stopped and read here like any other. Starting one on a duplex
+ESPHome satellite opens the satellite's duplex conversation (``DuplexSatellites``)
+and returns its id; an input sent to one while its session listens is answered on
+the satellite by that session; while it waits for a wake word, the answer is
+spoken with ``assist_satellite.start_conversation`` and the satellite listens for
+the reply, in the same conversation.
 """
 
 from __future__ import annotations
@@ -27,12 +36,14 @@ from typing import Any, Final
 from homeassistant.components.assist_satellite.const import PREANNOUNCE_URL
 from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import HomeAssistant, callback
+from homeassistant.exceptions import HomeAssistantError
 
 from .const import DOMAIN
+from .duplex_ha import DuplexSatellites
 from .errors import RtVoiceError, UnknownConversationError, UnknownSatelliteError
 from .kernel import Kernel, KernelError, Outcome, Ticket, format_transcript
 from .satellites import SATELLITE_DOMAIN, SatelliteDirectory
-from .sessions import SessionManager
+from .sessions import DuplexHandle, SessionManager
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -82,13 +93,20 @@ class ControlPlane:
         kernel: Kernel,
         sessions: SessionManager,
         satellites: SatelliteDirectory,
+        *,
+        duplex: DuplexSatellites | None = None,
     ) -> None:
-        """Serve the conversations of ``sessions`` (on ``kernel``)."""
+        """Serve the conversations of ``sessions`` (on ``kernel``).
+
+        ``duplex``: the entry's duplex ESPHome satellites (conversations started
+        on them are theirs).
+        """
         self._hass = hass
         self._entry = entry
         self._kernel = kernel
         self._sessions = sessions
         self._satellites = satellites
+        self._duplex = duplex
         self._announce_tasks: set[asyncio.Task[None]] = set()
         self._shut_down = False
 
@@ -116,6 +134,20 @@ class ControlPlane:
                 f"unknown satellite {satellite!r}"
                 f" (known: {id_list(self._satellites.satellites(), limit=50)})"
             )
+        if (
+            satellite is not None
+            and info is not None
+            and self._duplex is not None
+            and (key := self._duplex.key_for(satellite)) is not None
+        ):
+            return await self._async_start_duplex(
+                key,
+                satellite,
+                features=info.features,
+                system_prompt=system_prompt,
+                owner=owner,
+                message=message,
+            )
         language = (info.language if info else None) or self._hass.config.language
         opening = (
             f'You opened this conversation by saying: "{message}"' if message else None
@@ -128,6 +160,34 @@ class ControlPlane:
             raise RtVoiceError(str(err)) from err
         if satellite is not None and info is not None:
             self._start_speaking(conversation_id, satellite, info.features, message)
+        return conversation_id
+
+    async def _async_start_duplex(
+        self,
+        key: str,
+        satellite: str,
+        *,
+        features: Iterable[str],
+        system_prompt: str | None,
+        owner: str | None,
+        message: str | None,
+    ) -> str:
+        """Open the duplex satellite's conversation; the satellite then speaks first."""
+        assert self._duplex is not None
+        features = set(features)
+        speaks = FEATURE_START_CONVERSATION in features or (
+            bool(message) and FEATURE_ANNOUNCE in features
+        )
+        try:
+            conversation_id = await self._duplex.async_open(
+                key,
+                system_prompt=system_prompt,
+                said=message if speaks else None,
+                owner=owner,
+            )
+        except HomeAssistantError as err:
+            raise RtVoiceError(f"satellite {satellite} is not connected") from err
+        self._start_speaking(conversation_id, satellite, features, message)
         return conversation_id
 
     def _start_speaking(
@@ -166,6 +226,12 @@ class ControlPlane:
         no live conversation has the id.
         """
         ticket = self._sessions.push(conversation_id, text)
+        if (handle := self._sessions.duplex_handle(conversation_id)) is not None:
+            if not handle.live:  # a live session speaks the answer itself
+                ticket.outcome.add_done_callback(
+                    partial(self._duplex_round_done, conversation_id, handle)
+                )
+            return ticket.seq
         ticket.outcome.add_done_callback(
             partial(
                 self._sent_round_done, self._sessions.resolve(conversation_id), ticket
@@ -275,6 +341,37 @@ class ControlPlane:
             self._hass,
             self._async_announce(satellite, speech),
             f"{DOMAIN} announce {conversation_id}",
+        )
+        self._announce_tasks.add(task)
+        task.add_done_callback(self._announce_tasks.discard)
+
+    @callback
+    def _duplex_round_done(
+        self,
+        conversation_id: str,
+        handle: DuplexHandle,
+        future: asyncio.Future[Outcome],
+    ) -> None:
+        """Speak the answer to an idle duplex conversation; the satellite listens then."""
+        if future.cancelled():  # pragma: no cover - nobody cancels the outcome
+            return
+        outcome = future.result()
+        if (
+            outcome.status != "completed"
+            or self._shut_down
+            or not outcome.text.strip()
+            or (satellite := self._sessions.satellite(conversation_id)) is None
+            or not handle.continue_next_start()
+        ):
+            return
+        task = self._entry.async_create_background_task(
+            self._hass,
+            self._async_satellite_call(
+                satellite,
+                "start_conversation",
+                {"start_message": outcome.text, "preannounce": False},
+            ),
+            f"{DOMAIN} start_conversation {conversation_id}",
         )
         self._announce_tasks.add(task)
         task.add_done_callback(self._announce_tasks.discard)

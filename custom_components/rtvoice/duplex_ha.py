@@ -6,12 +6,18 @@
   and TTS engines of the satellite's Assist pipeline (its pipeline select; the
   preferred pipeline when none is chosen), read at every use: a change applies to
   the next utterance;
-- ``satellite_binding`` builds one ``DuplexBinding`` per satellite from its stored
-  settings (barge-in mode, server-side echo cancellation, end silence);
+- ``satellite_binding`` builds the ``DuplexBinding`` of every duplex satellite
+  (ESPHome here, Wyoming in ``wyoming_ha``): the satellite's stored settings
+  (barge-in mode, server-side echo cancellation, end silence) and the entry's
+  conversation settings (the prompt template, rendered at every conversation
+  open; context window, tool turns, idle timeout, carry-over);
+  ``with_entry_settings`` applies changed entry settings to a binding;
 - ``DuplexSatellites`` runs one ``EsphomeLink`` per stored satellite on the entry's
-  kernel, tells the satellite entities (a dispatcher signal) when a link's
-  availability or session state changes, plays announcements, and records the
-  announcement of a ``start_conversation`` in the conversation it opens.
+  kernel, indexes every conversation a link opens with the ``SessionManager`` (so
+  the control plane lists, sends to, stops and reads it like any other), tells the
+  satellite entities (a dispatcher signal) when a link's availability or session
+  state changes, plays announcements, and opens the conversation of a
+  ``start_conversation`` before the device listens (what it says recorded as said).
   ``async_stop`` leaves no task.
 """
 
@@ -34,6 +40,7 @@ from aioesphomeapi import (
     EncryptionPlaintextAPIError,
     InvalidEncryptionKeyAPIError,
     RequiresEncryptionAPIError,
+    VoiceAssistantFeature,
 )
 
 from homeassistant.components import stt, tts
@@ -42,7 +49,7 @@ from homeassistant.components.assist_pipeline.select import get_chosen_pipeline
 from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError
-from homeassistant.helpers import device_registry as dr
+from homeassistant.helpers import device_registry as dr, entity_registry as er
 from homeassistant.helpers.device_registry import format_mac
 from homeassistant.helpers.dispatcher import async_dispatcher_send
 
@@ -71,6 +78,7 @@ from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .duplex_stream import async_stream_registry
 from .esphome_link import CLIENT_INFO, EsphomeLink, LinkConfig
 from .kernel import Kernel
+from .sessions import ConversationSettings, SessionManager
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -232,6 +240,58 @@ def satellite_echo(
     return EchoCanceller
 
 
+def satellite_binding(
+    hass: HomeAssistant,
+    sessions: SessionManager,
+    kernel: Kernel,
+    round_ends: RoundEnds,
+    *,
+    name: str,
+    conf: Mapping[str, Any],
+    choice: PipelineChoice | None = None,
+) -> DuplexBinding:
+    """Build a duplex satellite's binding: its settings and the entry's.
+
+    The entry's prompt template is rendered at every conversation open (as for
+    pipeline-mode conversations); its other settings are read now
+    (``with_entry_settings`` when they change). ``choice``: the satellite's
+    pipeline (None: the preferred one) for speech.
+    """
+    return with_entry_settings(
+        DuplexBinding(
+            kernel=kernel,
+            stt=pipeline_stt(hass, choice),
+            tts=pipeline_tts(hass, choice),
+            options=satellite_options(conf),
+            round_ends=round_ends,
+            echo=satellite_echo(name, conf),
+            render_prompt=sessions.render_prompt,
+        ),
+        sessions.settings,
+    )
+
+
+def with_entry_settings(
+    binding: DuplexBinding, settings: ConversationSettings
+) -> DuplexBinding:
+    """Return ``binding`` with the entry's conversation settings."""
+    return dataclasses.replace(
+        binding,
+        context_window=settings.context_window,
+        max_tool_turns=settings.max_tool_turns,
+        idle_timeout_s=settings.idle_timeout,
+        carry_over=settings.carry_over,
+    )
+
+
+def satellite_device_id(hass: HomeAssistant, entity_id: str | None) -> str | None:
+    """Return the device of a satellite entity (None: unknown)."""
+    if entity_id is None:
+        return None
+    entry = er.async_get(hass).async_get(entity_id)
+    return entry.device_id if entry is not None else None
+
+
 # --------------------------------------------------------------------------- speech
 
 
@@ -321,36 +381,48 @@ class DuplexSatellites:
         kernel: Kernel,
         round_ends: RoundEnds,
         satellites: Sequence[Mapping[str, Any]],
+        *,
+        sessions: SessionManager,
     ) -> None:
         """Bind the stored satellites to the entry's kernel (nothing runs yet)."""
         self.hass = hass
         self.entry_id = entry_id
         self.kernel = kernel
+        self.sessions = sessions
         self.configs: dict[str, Mapping[str, Any]] = {
             satellite_key(conf): conf for conf in satellites
         }
         self.bindings: dict[str, DuplexBinding] = {
-            key: self._binding(key, conf, round_ends)
+            key: satellite_binding(
+                hass,
+                sessions,
+                kernel,
+                round_ends,
+                name=str(conf.get("name") or conf[CONF_HOST]),
+                conf=conf,
+                choice=functools.partial(chosen_pipeline, hass, entry_id, key),
+            )
             for key, conf in self.configs.items()
         }
         self.links: dict[str, EsphomeLink] = {}
         self.states: dict[str, SessionState | None] = {}
-        # What a start_conversation announced, for the conversation it opens next.
-        self._openings: dict[str, str] = {}
+        self.entity_ids: dict[str, str] = {}  # satellite key → its entity id
+        # A conversation opened for a start_conversation, for the device's start
+        # (or the satellite's next start_conversation) to continue.
+        self._waiting: dict[str, DuplexConversation] = {}
 
-    def _binding(
-        self, key: str, conf: Mapping[str, Any], round_ends: RoundEnds
-    ) -> DuplexBinding:
-        """Build the satellite's own binding: its pipeline's speech, its settings."""
-        choice = functools.partial(chosen_pipeline, self.hass, self.entry_id, key)
-        return DuplexBinding(
-            kernel=self.kernel,
-            stt=pipeline_stt(self.hass, choice),
-            tts=pipeline_tts(self.hass, choice),
-            options=satellite_options(conf),
-            round_ends=round_ends,
-            echo=satellite_echo(str(conf.get("name") or conf[CONF_HOST]), conf),
-        )
+    def configure(self) -> None:
+        """Apply the entry's conversation settings (changed options, no reload).
+
+        Conversations opened from now on use them; running ones keep theirs.
+        """
+        for key, binding in self.bindings.items():
+            self._set_binding(key, with_entry_settings(binding, self.sessions.settings))
+
+    def _set_binding(self, key: str, binding: DuplexBinding) -> None:
+        self.bindings[key] = binding
+        if (link := self.links.get(key)) is not None:
+            link.binding = binding
 
     async def async_start(self) -> None:
         """Start connecting every satellite (in the background).
@@ -388,19 +460,28 @@ class DuplexSatellites:
         """Close every link (conversations handed off); no task is left."""
         links = list(self.links.values())
         self.links.clear()
-        self._openings.clear()
+        self._waiting.clear()
         await asyncio.gather(*(link.aclose() for link in links))
 
     @callback
     def set_prompt_scope(self, key: str, scope: str | None) -> None:
         """Render the satellite's prompt sections (its entity id) in its conversations.
 
-        Applies to conversations opened from now on.
+        Applies to conversations opened from now on; the entity id also names
+        the satellite of its conversations in the control plane.
         """
-        binding = dataclasses.replace(self.bindings[key], prompt_scope=scope)
-        self.bindings[key] = binding
-        if (link := self.links.get(key)) is not None:
-            link.binding = binding
+        if scope is not None:
+            self.entity_ids[key] = scope
+        self._set_binding(
+            key, dataclasses.replace(self.bindings[key], prompt_scope=scope)
+        )
+
+    def key_for(self, entity_id: str) -> str | None:
+        """Return the key of the satellite whose entity is ``entity_id`` (None: none)."""
+        for key, known in self.entity_ids.items():
+            if known == entity_id:
+                return key
+        return None
 
     def connected_link(self, key: str) -> EsphomeLink:
         """Return the satellite's link if connected; else raise ``HomeAssistantError``."""
@@ -419,6 +500,106 @@ class DuplexSatellites:
             },
         )
 
+    # --- start_conversation -----------------------------------------------------------
+
+    async def async_open(
+        self,
+        key: str,
+        *,
+        system_prompt: str | None = None,
+        extra_prompt: str | None = None,
+        said: str | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Open the satellite's conversation for a ``start_conversation``; its id.
+
+        A conversation running on the satellite closes first (hand-off). The new
+        one waits, idle, for the device: the announcement's start (or the next
+        wake word) resumes it, so the user's reply lands in it. ``said`` (the
+        opening message) is in its history as what the assistant said;
+        ``system_prompt`` replaces the entry's prompt, ``extra_prompt`` is added
+        to it (as for pipeline-mode conversations). ``owner`` may send to and
+        stop it. Raises ``HomeAssistantError`` when the satellite is not
+        connected.
+        """
+        link = self.connected_link(key)
+        binding = self.bindings[key]
+        prompt = system_prompt if system_prompt is not None else binding.prompt()
+        if extra_prompt:
+            prompt = "\n\n".join(p for p in (prompt, extra_prompt) if p)
+        one_off = dataclasses.replace(binding, system_prompt=prompt, render_prompt=None)
+        self._waiting.pop(key, None)
+        try:
+            conversation = await link.open_waiting(one_off)
+        except APIConnectionError as err:
+            raise self.unavailable(key) from err
+        self._attach(key, link, conversation, owner)
+        if said:
+            self.kernel.record_said(conversation.child_id, said)
+        self._waiting[key] = conversation
+        return conversation.child_id
+
+    def _waiting_conversation(self, key: str) -> DuplexConversation | None:
+        """Return the conversation waiting for the device's start, if it still can."""
+        conversation = self._waiting.get(key)
+        link = self.links.get(key)
+        if (
+            conversation is None
+            or link is None
+            or link.conversation is not conversation
+            or conversation.closing
+        ):
+            self._waiting.pop(key, None)
+            return None
+        return conversation
+
+    async def async_start_conversation(
+        self,
+        key: str,
+        media_id: str,
+        message: str,
+        *,
+        preannounce_media_id: str | None = None,
+        extra_prompt: str | None = None,
+    ) -> None:
+        """Announce, then the device listens; return when the announcement played.
+
+        The conversation the reply lands in: the one opened for it
+        (``async_open``, ``continue_conversation``), else a new one (the running
+        one closes first) with ``message`` recorded as said and ``extra_prompt``
+        added to its system prompt.
+        """
+        if self._waiting_conversation(key) is None:
+            await self.async_open(key, extra_prompt=extra_prompt, said=message)
+        await self._async_announce(
+            key,
+            media_id,
+            message,
+            preannounce_media_id=preannounce_media_id,
+            start_conversation=True,
+            keep_conversation=True,
+        )
+
+    def continue_conversation(self, key: str, conversation: DuplexConversation) -> bool:
+        """Let the satellite's next ``start_conversation`` continue ``conversation``.
+
+        False when the satellite cannot start conversations or the conversation
+        is not its current one.
+        """
+        link = self.links.get(key)
+        if (
+            link is None
+            or link.conversation is not conversation
+            or conversation.closing
+            or not link.voice_assistant_features
+            & VoiceAssistantFeature.START_CONVERSATION
+        ):
+            return False
+        self._waiting[key] = conversation
+        return True
+
+    # --- announcements ----------------------------------------------------------------
+
     async def async_announce(
         self,
         key: str,
@@ -426,42 +607,53 @@ class DuplexSatellites:
         message: str,
         *,
         preannounce_media_id: str | None = None,
-        start_conversation: bool = False,
     ) -> None:
         """Play an announcement on the satellite; return when it has played.
 
         A conversation running on the satellite is closed first (what was heard
         stays in its transcript), as Home Assistant cancels a running pipeline for
-        an announcement. With ``start_conversation`` the satellite listens
-        afterwards and the conversation that opens has ``message`` in its history
-        as what the assistant said.
+        an announcement; one opened for a ``start_conversation`` stays (idle: the
+        next wake word continues it).
         """
+        await self._async_announce(
+            key,
+            media_id,
+            message,
+            preannounce_media_id=preannounce_media_id,
+            start_conversation=False,
+            keep_conversation=self._waiting_conversation(key) is not None,
+        )
+
+    async def _async_announce(
+        self,
+        key: str,
+        media_id: str,
+        message: str,
+        *,
+        preannounce_media_id: str | None,
+        start_conversation: bool,
+        keep_conversation: bool,
+    ) -> None:
         link = self.connected_link(key)
-        if start_conversation and message:
-            self._openings[key] = message
-        else:
-            self._openings.pop(key, None)
         try:
             await link.announce(
                 media_id,
                 message,
                 preannounce_media_id=preannounce_media_id or "",
                 start_conversation=start_conversation,
+                keep_conversation=keep_conversation,
             )
-        except BaseException as err:
-            self._openings.pop(key, None)
-            if isinstance(err, (APIConnectionError, TimeoutError)):
-                raise HomeAssistantError(
-                    translation_domain=DOMAIN,
-                    translation_key="announce_failed",
-                    translation_placeholders={"error": type(err).__name__},
-                ) from err
-            raise
+        except (APIConnectionError, TimeoutError) as err:
+            raise HomeAssistantError(
+                translation_domain=DOMAIN,
+                translation_key="announce_failed",
+                translation_placeholders={"error": type(err).__name__},
+            ) from err
+
+    # --- link changes --------------------------------------------------------------
 
     @callback
     def _available(self, key: str, available: bool) -> None:
-        if not available:
-            self._openings.pop(key, None)  # the device forgot it too
         self._changed(key)
 
     @callback
@@ -470,11 +662,28 @@ class DuplexSatellites:
             self.states[key] = None
         else:
             self.states[key] = conversation.session.state  # listening, at first
-            if opening := self._openings.pop(key, None):
-                # Opened by the device's start after a start_conversation
-                # announcement: the model must know what it asked.
-                self.kernel.record_said(conversation.child_id, opening)
+            if (link := self.links.get(key)) is not None:
+                self._attach(key, link, conversation, None)
+            if self._waiting.get(key) is conversation and not conversation.ended:
+                del self._waiting[key]  # the device started: it is answered now
         self._changed(key)
+
+    def _attach(
+        self,
+        key: str,
+        link: EsphomeLink,
+        conversation: DuplexConversation,
+        owner: str | None,
+    ) -> None:
+        """Index the conversation with the sessions (once; owner: the opener)."""
+        entity_id = self.entity_ids.get(key)
+        self.sessions.attach_duplex(
+            conversation.child_id,
+            _EsphomeHandle(self, key, link, conversation),
+            satellite=entity_id,
+            device_id=satellite_device_id(self.hass, entity_id),
+            owner=owner,
+        )
 
     @callback
     def _state(self, key: str, state: SessionState) -> None:
@@ -486,3 +695,32 @@ class DuplexSatellites:
         async_dispatcher_send(
             self.hass, SIGNAL_DUPLEX_UPDATE.format(self.entry_id, key)
         )
+
+
+class _EsphomeHandle:
+    """The sessions' handle of one ESPHome duplex conversation (``DuplexHandle``)."""
+
+    def __init__(
+        self,
+        satellites: DuplexSatellites,
+        key: str,
+        link: EsphomeLink,
+        conversation: DuplexConversation,
+    ) -> None:
+        self._satellites = satellites
+        self._key = key
+        self._link = link
+        self._conversation = conversation
+
+    @property
+    def live(self) -> bool:
+        """Whether a session listens (an answer is spoken on the satellite)."""
+        return not self._conversation.ended
+
+    async def aclose(self) -> None:
+        """Close through the link: the device stops listening if it did."""
+        await self._link.close_conversation(self._conversation)
+
+    def continue_next_start(self) -> bool:
+        """Let the satellite's next start_conversation continue this conversation."""
+        return self._satellites.continue_conversation(self._key, self._conversation)

@@ -79,6 +79,10 @@ class DuplexBinding:
     A kernel built without ``on_round_end=round_ends`` still works: the session then
     learns a round's end from its ticket's outcome. ``idle_timeout_s``: how long the
     child outlives its last session (0: it closes with the session).
+    ``render_prompt`` (when set) makes the system prompt at every conversation
+    open instead of ``system_prompt`` (e.g. a template rendered now); the entry's
+    other conversation settings (context window, tool turns, carry-over) are
+    plain fields: the adapter replaces the binding when they change.
     """
 
     kernel: Kernel
@@ -92,6 +96,14 @@ class DuplexBinding:
     context_window: int = 8000
     max_tool_turns: int = 0
     idle_timeout_s: float = 300.0
+    carry_over: bool = True
+    render_prompt: Callable[[], str] | None = None
+
+    def prompt(self) -> str:
+        """Return the system prompt of a conversation opening now."""
+        if self.render_prompt is not None:
+            return self.render_prompt()
+        return self.system_prompt
 
 
 class DuplexConversation:
@@ -180,12 +192,12 @@ class DuplexConversation:
                     id=child_id,
                     input=f"{child_id}/in",
                     output=f"{child_id}/out",
-                    system_prompt=binding.system_prompt,
+                    system_prompt=binding.prompt(),
                     prompt_scope=binding.prompt_scope,
                     context_window=binding.context_window,
                     max_tool_turns=binding.max_tool_turns,
                     delivery="acknowledged",
-                    carry_over=True,
+                    carry_over=binding.carry_over,
                 )
             )
         except BaseException:

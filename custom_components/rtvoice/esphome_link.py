@@ -473,11 +473,22 @@ class EsphomeLink:
     # --- conversations ----------------------------------------------------------------
 
     async def _open_conversation(self) -> None:
+        conversation = await self._new_conversation(self.binding)
+        if self.client is None or self._closed:
+            await self._release(conversation)
+            return
+        previous, self.conversation = self.conversation, conversation
+        if previous is not None:  # closing already (a wake word raced its close)
+            self._spawn(self._release(previous), "end conversation")
+        early, self._early_audio = bytes(self._early_audio), bytearray()
+        self._run_started(conversation, early)
+
+    async def _new_conversation(self, binding: DuplexBinding) -> DuplexConversation:
         if self._segmenter is None:
             self._segmenter = await warm_segmenter()
         followed = _FollowedOutput(self._new_output(), self._on_state)
         conversation = await DuplexConversation.open(
-            self.binding,
+            binding,
             name=self.name,
             send=followed.output.send,
             segmenter=self._segmenter,
@@ -488,14 +499,41 @@ class EsphomeLink:
         )
         followed.conversation = conversation
         self._outputs[conversation] = followed.output
+        return conversation
+
+    async def open_waiting(
+        self, binding: DuplexBinding | None = None
+    ) -> DuplexConversation:
+        """Open a conversation that waits, idle, for the device's next start.
+
+        For ``start_conversation``: the conversation (its id, what was said) exists
+        before the device listens, and the device's start resumes it. The current
+        conversation is closed first (hand-off). ``binding`` replaces the link's
+        own for this conversation (e.g. another system prompt). Raises
+        ``APIConnectionError`` when the device is not connected.
+        """
+        if self.client is None or not self.available:
+            raise APIConnectionError(f"{self.name} is not connected")
+        await self._end_conversation(send_run_end=True)
+        conversation = await self._new_conversation(binding or self.binding)
+        conversation.end_session()  # no session until the device starts
         if self.client is None or self._closed:
             await self._release(conversation)
-            return
+            raise APIConnectionError(f"{self.name} is not connected")
         previous, self.conversation = self.conversation, conversation
-        if previous is not None:  # closing already (a wake word raced its close)
+        if previous is not None:  # a wake word opened one meanwhile
             self._spawn(self._release(previous), "end conversation")
-        early, self._early_audio = bytes(self._early_audio), bytearray()
-        self._run_started(conversation, early)
+        if self._on_conversation is not None:
+            self._on_conversation(conversation)
+        return conversation
+
+    async def close_conversation(self, conversation: DuplexConversation) -> None:
+        """Close ``conversation`` (hand-off); a live session's device stops listening."""
+        if self.conversation is conversation:
+            self.conversation = None
+            if not conversation.ended:
+                self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
+        await self._release(conversation)
 
     def _run_started(
         self, conversation: DuplexConversation, early: bytes = b""
@@ -653,6 +691,7 @@ class EsphomeLink:
         *,
         preannounce_media_id: str = "",
         start_conversation: bool = False,
+        keep_conversation: bool = False,
         timeout: float = ANNOUNCE_TIMEOUT,
     ) -> None:
         """Have the device play ``media_id`` (a URL it fetches); return once played.
@@ -663,10 +702,17 @@ class EsphomeLink:
         has played, and that start opens a new conversation. Raises
         ``APIConnectionError`` when the device is not connected, ``TimeoutError``
         when it does not report the announcement finished in time.
+        ``keep_conversation``: only a live session ends; the conversation stays,
+        idle, and the device's next start (``start_conversation``, a wake word)
+        resumes it.
         """
         if self.client is None or not self.available:
             raise APIConnectionError(f"{self.name} is not connected")
-        await self._end_conversation(send_run_end=True)
+        if not keep_conversation:
+            await self._end_conversation(send_run_end=True)
+        elif (conversation := self.conversation) is not None and not conversation.ended:
+            self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
+            conversation.end_session()
         client = self.client
         if client is None:
             raise APIConnectionError(f"{self.name} is not connected")

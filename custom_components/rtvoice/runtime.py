@@ -53,7 +53,8 @@ class RtVoiceRuntime:
         """Apply changed options without a reload; False when a reload is needed.
 
         Everything applies in place (running conversations and the transcript
-        archive stay) except switching tools on or off: whether the model is
+        archive stay; the entry's conversation settings reach the duplex
+        satellites' next conversations too) except switching tools on or off: whether the model is
         offered tools at all (and ``ask_parent``) is wired into the kernel and the
         conversation entity when the entry loads, and adding or removing a duplex
         satellite or a Wyoming satellite (its link and entity are set up when the
@@ -74,6 +75,9 @@ class RtVoiceRuntime:
                 return False
         self.brain.configure(options)
         self.sessions.configure(options)
+        # Duplex satellites' conversations opened from now on follow them too.
+        self.duplex.configure()
+        self.wyoming.configure()
         return True
 
     async def async_shutdown(self) -> None:
@@ -127,6 +131,7 @@ async def async_build_runtime(
         kernel,
         round_ends,
         entry.options.get(CONF_DUPLEX_SATELLITES, []),
+        sessions=sessions,
     )
     await duplex.async_start()
     wyoming = WyomingSatellites(
@@ -135,6 +140,7 @@ async def async_build_runtime(
         kernel,
         round_ends,
         entry.options.get(CONF_WYOMING_SATELLITES, []),
+        sessions=sessions,
     )
     try:
         await wyoming.async_start()
@@ -149,7 +155,7 @@ async def async_build_runtime(
         tools=brain.tools,
         satellites=satellites,
         sessions=sessions,
-        control=ControlPlane(hass, entry, kernel, sessions, satellites),
+        control=ControlPlane(hass, entry, kernel, sessions, satellites, duplex=duplex),
         duplex=duplex,
         wyoming=wyoming,
     )

@@ -3,10 +3,12 @@
 - ``async_probe_wyoming`` tests a satellite before the options flow (or a
   discovery) stores it: ``describe`` → ``info`` must show a satellite;
 - ``WyomingSatellites`` runs one ``WyomingSatelliteLink`` per stored satellite on the
-  entry's kernel, with the preferred pipeline's STT and TTS (``duplex_ha``) and the
-  satellite's own settings (barge-in, end silence, wake word), and tells the
-  satellite entities (a dispatcher signal) when a link or its session changes.
-  ``async_stop`` leaves no task;
+  entry's kernel, with the preferred pipeline's STT and TTS, the satellite's own
+  settings (barge-in, end silence, wake word) and the entry's conversation
+  settings (``duplex_ha.satellite_binding``, as for ESPHome), indexes its
+  conversations with the ``SessionManager`` (listed, sent to, stopped and read
+  like any other), and tells the satellite entities (a dispatcher signal) when a
+  link or its session changes. ``async_stop`` leaves no task;
 - while it runs, a repair issue says when HA's ``wyoming`` integration holds the
   same satellite (same host and port): a satellite serves one client at a time.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+import dataclasses
 import functools
 import logging
 from typing import Any, Final
@@ -38,9 +41,10 @@ from homeassistant.helpers.dispatcher import (
 from .audio.wakeword import MODELS_BY_ID, WakeWordEngine, WakeWordUnavailableError
 from .const import CONF_NAME, CONF_WAKE_WORD, DEFAULT_WYOMING_PORT, DOMAIN
 from .duplex import SessionState
-from .duplex_ha import pipeline_stt, pipeline_tts, satellite_echo, satellite_options
-from .duplex_link import DuplexBinding, RoundEnds
+from .duplex_ha import satellite_binding, satellite_device_id, with_entry_settings
+from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .kernel import Kernel
+from .sessions import SessionManager
 from .wyoming_link import LinkState, WyomingSatelliteLink
 
 _LOGGER = logging.getLogger(__name__)
@@ -113,15 +117,30 @@ class WyomingSatellites:
         kernel: Kernel,
         round_ends: RoundEnds,
         satellites: Sequence[Mapping[str, Any]],
+        *,
+        sessions: SessionManager,
     ) -> None:
         """Bind the stored satellites to the entry's kernel (nothing runs yet)."""
         self.hass = hass
         self.entry_id = entry_id
         self.kernel = kernel
         self.round_ends = round_ends
+        self.sessions = sessions
         self.configs: dict[str, Mapping[str, Any]] = {
             wyoming_key(conf): conf for conf in satellites
         }
+        self.bindings: dict[str, DuplexBinding] = {
+            key: satellite_binding(
+                hass,
+                sessions,
+                kernel,
+                round_ends,
+                name=str(conf.get(CONF_NAME) or key),
+                conf=conf,
+            )
+            for key, conf in self.configs.items()
+        }
+        self.entity_ids: dict[str, str] = {}  # satellite key → its entity id
         self.links: dict[str, WyomingSatelliteLink] = {}
         self.states: dict[str, SessionState | None] = {}
         self.engine: WakeWordEngine | None = None
@@ -167,18 +186,10 @@ class WyomingSatellites:
 
     def _start_link(self, key: str, conf: Mapping[str, Any]) -> None:
         model = wake_model(conf)
-        binding = DuplexBinding(
-            kernel=self.kernel,
-            stt=pipeline_stt(self.hass),
-            tts=pipeline_tts(self.hass),
-            options=satellite_options(conf),
-            round_ends=self.round_ends,
-            echo=satellite_echo(str(conf.get(CONF_NAME) or key), conf),
-        )
         link = WyomingSatelliteLink(
             str(conf[CONF_HOST]),
             int(conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)),
-            binding,
+            self.bindings[key],
             name=str(conf.get(CONF_NAME) or key),
             wake=self.engine if model is not None else None,
             wake_model_ids=[model] if model is not None else None,
@@ -187,6 +198,32 @@ class WyomingSatellites:
         )
         self.links[key] = link
         link.start()
+
+    def configure(self) -> None:
+        """Apply the entry's conversation settings (changed options, no reload).
+
+        Conversations opened from now on use them; running ones keep theirs.
+        """
+        for key, binding in self.bindings.items():
+            self._set_binding(key, with_entry_settings(binding, self.sessions.settings))
+
+    def _set_binding(self, key: str, binding: DuplexBinding) -> None:
+        self.bindings[key] = binding
+        if (link := self.links.get(key)) is not None:
+            link.binding = binding
+
+    @callback
+    def set_prompt_scope(self, key: str, scope: str | None) -> None:
+        """Render the satellite's prompt sections (its entity id) in its conversations.
+
+        Applies to conversations opened from now on; the entity id also names
+        the satellite of its conversations in the control plane.
+        """
+        if scope is not None:
+            self.entity_ids[key] = scope
+        self._set_binding(
+            key, dataclasses.replace(self.bindings[key], prompt_scope=scope)
+        )
 
     async def async_stop(self) -> None:
         """Close every link (conversations handed off); no task is left."""
@@ -256,6 +293,21 @@ class WyomingSatellites:
     @callback
     def _session_state(self, key: str, state: SessionState | None) -> None:
         self.states[key] = state
+        link = self.links.get(key)
+        if (
+            state is not None
+            and link is not None
+            and link.conversation is not None
+            and not link.conversation.closing
+            and not self.sessions.is_duplex(link.conversation.child_id)
+        ):
+            entity_id = self.entity_ids.get(key)
+            self.sessions.attach_duplex(  # once per conversation
+                link.conversation.child_id,
+                _WyomingHandle(link.conversation),
+                satellite=entity_id,
+                device_id=satellite_device_id(self.hass, entity_id),
+            )
         self._changed(key)
 
     @callback
@@ -263,3 +315,23 @@ class WyomingSatellites:
         async_dispatcher_send(
             self.hass, SIGNAL_WYOMING_UPDATE.format(self.entry_id, key)
         )
+
+
+class _WyomingHandle:
+    """The sessions' handle of one Wyoming duplex conversation (``DuplexHandle``)."""
+
+    def __init__(self, conversation: DuplexConversation) -> None:
+        self._conversation = conversation
+
+    @property
+    def live(self) -> bool:
+        """Whether a session listens (an answer is spoken on the satellite)."""
+        return not self._conversation.ended
+
+    async def aclose(self) -> None:
+        """Close the conversation (hand-off); the link opens a new one on a wake word."""
+        await self._conversation.aclose()
+
+    def continue_next_start(self) -> bool:
+        """Wyoming satellites do not start conversations."""
+        return False

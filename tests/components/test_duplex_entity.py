@@ -180,6 +180,7 @@ async def duplex_rig(
     *,
     client_factory: ClientSessionGenerator | None = None,
     pipelines: int = 1,
+    options: dict[str, Any] | None = None,
     **settings: Any,
 ) -> AsyncIterator[Rig]:
     """Start the servers, the satellite and the entry; the satellite is connected.
@@ -187,6 +188,7 @@ async def duplex_rig(
     The preferred pipeline uses the first speech servers and Realtime Voice as its
     agent; with ``pipelines=2`` a pipeline named "Second" uses the second ones.
     ``client_factory`` serves HA's HTTP app (the device fetches announcements).
+    ``options``: entry options besides the satellite; ``settings``: the satellite's.
     """
     hass.config.config_dir = str(tmp_path)  # the TTS cache is written there
     servers = [
@@ -208,7 +210,10 @@ async def duplex_rig(
             entry = openai_entry(
                 hass,
                 openai_peer,
-                options={CONF_DUPLEX_SATELLITES: [stored(device, **settings)]},
+                options={
+                    **(options or {}),
+                    CONF_DUPLEX_SATELLITES: [stored(device, **settings)],
+                },
             )
             await async_load_entry(hass, entry)
             await async_update_pipeline(

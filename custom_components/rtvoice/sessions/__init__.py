@@ -16,7 +16,8 @@ and the control plane (actions, the control LLM API) lives in ``control``.
 Imports go one way: manager → lifecycle → routing → session.
 """
 
+from .lifecycle import ConversationSettings
 from .manager import SessionManager
-from .session import Conversation
+from .session import Conversation, DuplexHandle
 
-__all__ = ["Conversation", "SessionManager"]
+__all__ = ["Conversation", "ConversationSettings", "DuplexHandle", "SessionManager"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 import logging
@@ -71,6 +71,16 @@ _LOGGER = logging.getLogger(__name__)
 _ADHOC_CHANNEL: Final = ChannelDef(realtime=True)
 
 
+@dataclass(frozen=True, slots=True)
+class ConversationSettings:
+    """The entry's settings every conversation is spawned with (both modes)."""
+
+    context_window: int
+    max_tool_turns: int
+    idle_timeout: float  # seconds
+    carry_over: bool
+
+
 class SessionLifecycle:
     """Spawn, feed, time and close the sessions of one config entry."""
 
@@ -118,6 +128,16 @@ class SessionLifecycle:
         )
         self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
         self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
+
+    @property
+    def settings(self) -> ConversationSettings:
+        """The entry's conversation settings, as configured now."""
+        return ConversationSettings(
+            context_window=self._context_window,
+            max_tool_turns=self._max_tool_turns,
+            idle_timeout=self._idle_timeout,
+            carry_over=self._carry_over,
+        )
 
     def start(self, kernel: Kernel) -> None:
         """Run sessions on ``kernel`` (built by the runtime)."""
@@ -268,7 +288,9 @@ class SessionLifecycle:
             self._channels.unregister(session.input_channel)
             self._channels.unregister(session.output_channel)
         self._brain.forget(session.id)
-        self._index.forget_ended({*self._kernel.archived(), *self._index.sessions})
+        self._index.forget_ended(
+            {*self._kernel.archived(), *self._index.sessions, *self._index.duplex}
+        )
         _LOGGER.debug("Conversation %s closed (%d messages)", session.id, messages)
         async_dispatcher_send(
             self._hass,
@@ -380,9 +402,11 @@ class SessionLifecycle:
 
     def send_update(self, session: Session) -> None:
         """Tell the sensors that a session changed."""
-        async_dispatcher_send(
-            self._hass, self._signal, session.satellite, self.stats(session)
-        )
+        self.send_stats(session.satellite, self.stats(session))
+
+    def send_stats(self, satellite: str | None, stats: ChildStats) -> None:
+        """Tell the sensors a conversation's counters (of either mode)."""
+        async_dispatcher_send(self._hass, self._signal, satellite, stats)
 
 
 def _delivery(session: Session) -> Delivery:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 import contextlib
+from dataclasses import replace
 from functools import partial
 import logging
 from typing import Any
@@ -47,7 +48,7 @@ from ..chat_feed import (
     interrupted_speech,
     not_understood_result,
 )
-from ..const import EVENT_ASK_PARENT, EVENT_CONVERSATION_CLOSED
+from ..const import DOMAIN, EVENT_ASK_PARENT, EVENT_CONVERSATION_CLOSED, STATE_CLOSED
 from ..errors import EmptyInputError, UnknownConversationError
 from ..kernel import (
     ChannelRegistry,
@@ -60,9 +61,9 @@ from ..kernel import (
 )
 from ..satellites import SatelliteDirectory
 from ..turn import TurnContext
-from .lifecycle import SessionLifecycle
+from .lifecycle import ConversationSettings, SessionLifecycle
 from .routing import KeyLocks, SessionIndex, lock_key, route_key
-from .session import Conversation, Session, Turn
+from .session import Conversation, DuplexConversationEntry, DuplexHandle, Session, Turn
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -100,6 +101,15 @@ class SessionManager:
         running idle timer keeps its deadline until the next turn re-arms it).
         """
         self._lifecycle.configure(options)
+
+    @property
+    def settings(self) -> ConversationSettings:
+        """The entry's conversation settings now (duplex bindings use them too)."""
+        return self._lifecycle.settings
+
+    def render_prompt(self) -> str:
+        """Render the entry's prompt template (once per new conversation)."""
+        return self._lifecycle.render_prompt()
 
     def start(self, kernel: Kernel) -> None:
         """Use ``kernel`` (built by the runtime) and follow the satellites.
@@ -345,6 +355,15 @@ class SessionManager:
         """
         if not text.strip():
             raise EmptyInputError("the text is empty")
+        if (duplex := self._index.duplex.get(conversation_id)) is not None:
+            if duplex.close_task is not None:
+                raise UnknownConversationError(
+                    f"no live conversation {conversation_id!r}"
+                )
+            try:
+                return self._kernel.push(duplex.id, text)
+            except KernelError as err:  # its link is closing it
+                raise UnknownConversationError(str(err)) from err
         return self._lifecycle.push(self._live(conversation_id), text)
 
     def spoken(self, conversation_id: str, ticket: Ticket, outcome: Outcome) -> str:
@@ -353,15 +372,87 @@ class SessionManager:
         return session.spoken(ticket, outcome) if session else outcome.text
 
     async def async_close(self, conversation_id: str) -> int:
-        """Close a live conversation with hand-off; the number of messages handed off."""
+        """Close a live conversation with hand-off; the number of messages handed off.
+
+        Every caller awaits the one close; a cancelled caller stops waiting, the
+        close still completes.
+        """
+        if (duplex := self._index.duplex.get(conversation_id)) is not None:
+            if duplex.close_task is not None:
+                raise UnknownConversationError(
+                    f"no live conversation {conversation_id!r}"
+                )
+            duplex.close_task = self._entry.async_create_task(
+                self._hass,
+                self._async_close_duplex(duplex),
+                f"{DOMAIN} close {duplex.id}",
+            )
+            return await asyncio.shield(duplex.close_task)
         return await self._lifecycle.async_close(self._live(conversation_id))
 
+    async def _async_close_duplex(self, duplex: DuplexConversationEntry) -> int:
+        stats = self._kernel.stats(duplex.id)
+        await duplex.handle.aclose()
+        return (
+            duplex.messages
+            if duplex.messages is not None
+            else (stats.messages if stats is not None else 0)
+        )
+
     def conversations(self) -> list[Conversation]:
-        """Live conversations with their counters, by id."""
-        return [
+        """Live conversations (both modes) with their counters, by id."""
+        live = [
             Conversation(s.id, s.satellite, s.device_id, self._lifecycle.stats(s))
-            for s in sorted(self._index.sessions.values(), key=lambda s: s.id)
+            for s in self._index.sessions.values()
         ]
+        live.extend(
+            Conversation(duplex.id, duplex.satellite, duplex.device_id, stats)
+            for duplex in self._index.duplex.values()
+            if duplex.close_task is None and (stats := self._kernel.stats(duplex.id))
+        )
+        return sorted(live, key=lambda c: c.id)
+
+    # ── duplex satellites' conversations ──────────────────────────────────
+
+    def attach_duplex(
+        self,
+        conversation_id: str,
+        handle: DuplexHandle,
+        *,
+        satellite: str | None,
+        device_id: str | None,
+        owner: str | None = None,
+    ) -> None:
+        """Index a conversation a duplex satellite's link opened (once; an owner given later is kept).
+
+        It is listed, sent to, stopped and read like any other; it leaves the
+        index when its child closes (``on_closed``), whoever closed it.
+        """
+        if (known := self._index.duplex.get(conversation_id)) is not None:
+            if owner is not None:  # its opener's, once it is known
+                known.owner = self._index.owner_of[conversation_id] = owner
+            return
+        self._index.add_duplex(
+            DuplexConversationEntry(
+                conversation_id, satellite, device_id, owner, handle
+            )
+        )
+        self._duplex_update(conversation_id)
+
+    def is_duplex(self, conversation_id: str) -> bool:
+        """Whether the id names a live duplex satellite's conversation."""
+        return conversation_id in self._index.duplex
+
+    def duplex_handle(self, conversation_id: str) -> DuplexHandle | None:
+        """Return the handle of a live duplex conversation (None: not one)."""
+        duplex = self._index.duplex.get(conversation_id)
+        return duplex.handle if duplex is not None else None
+
+    def _duplex_update(self, child_id: str) -> None:
+        duplex = self._index.duplex.get(child_id)
+        if duplex is not None and (stats := self._kernel.stats(child_id)):
+            duplex.last_stats = stats
+            self._lifecycle.send_stats(duplex.satellite, stats)
 
     def owner(self, conversation_id: str) -> str | None:
         """Return the user a conversation belongs to, live or archived (None: none)."""
@@ -371,6 +462,8 @@ class SessionManager:
 
     def satellite(self, conversation_id: str) -> str | None:
         """Return the satellite of a live conversation (None: none, or not live)."""
+        if (duplex := self._index.duplex.get(conversation_id)) is not None:
+            return duplex.satellite
         session = self._index.by_alias.get(conversation_id)
         return session.satellite if session is not None else None
 
@@ -382,12 +475,15 @@ class SessionManager:
 
     def known_ids(self) -> list[str]:
         """Ids of live and archived conversations."""
-        return sorted({*self._index.sessions, *self._kernel.archived()})
+        return sorted(
+            {*self._index.sessions, *self._index.duplex, *self._kernel.archived()}
+        )
 
     def knows(self, conversation_id: str) -> bool:
         """Whether the id names a live conversation (any of its ids) or an archive."""
         return (
             conversation_id in self._index.by_alias
+            or conversation_id in self._index.duplex
             or conversation_id in self._kernel.archived()
         )
 
@@ -396,13 +492,20 @@ class SessionManager:
         session = self._index.by_key.get(satellite) or self._index.by_alias.get(
             satellite
         )
-        return self._lifecycle.stats(session) if session is not None else None
+        if session is not None:
+            return self._lifecycle.stats(session)
+        duplex = self._index.duplex.get(satellite) or self._index.duplex_of(satellite)
+        return self._kernel.stats(duplex.id) if duplex is not None else None
 
     async def async_shutdown(self) -> None:
         """Close every conversation (hand-off), cancel timers, tasks and listeners."""
         while self._unsubs:
             self._unsubs.pop()()
         await self._lifecycle.async_shutdown()
+        # Duplex closes under way (their links close the rest themselves).
+        closing = [d.close_task for d in self._index.duplex.values() if d.close_task]
+        if closing:
+            await asyncio.wait(closing)
         # A safety net: no child outlives the entry, whatever happened above.
         await self._kernel.close_all()
 
@@ -417,6 +520,13 @@ class SessionManager:
 
     def on_closed(self, child_id: str, messages: int, chars: int) -> None:
         """Fire the closed event (id and counts, never the text)."""
+        if (duplex := self._index.duplex.pop(child_id, None)) is not None:
+            duplex.messages = messages
+            if duplex.last_stats is not None:
+                self._lifecycle.send_stats(
+                    duplex.satellite,
+                    replace(duplex.last_stats, state=STATE_CLOSED, messages=messages),
+                )
         self._hass.bus.async_fire(
             EVENT_CONVERSATION_CLOSED,
             {
@@ -442,6 +552,8 @@ class SessionManager:
         """Tell the sensors that a conversation changed state."""
         if (session := self._index.sessions.get(child_id)) is not None:
             self._lifecycle.send_update(session)
+        elif child_id in self._index.duplex:
+            self._duplex_update(child_id)
 
     def on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
         """Kernel callback: record a finished tool call in the waiting turn's chat log."""

@@ -36,7 +36,7 @@ from homeassistant.util.ulid import ulid_now
 from .. import compat
 from ..kernel import Kernel
 from ..satellites import SatelliteDirectory
-from .session import Session
+from .session import DuplexConversationEntry, Session
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -106,6 +106,19 @@ class SessionIndex:
         self.by_key: dict[str, Session] = {}  # satellite / device key
         self.satellite_of: dict[str, str | None] = {}  # also for closed ids
         self.owner_of: dict[str, str | None] = {}  # also for closed ids
+        # Duplex satellites' conversations (their links run them), by child id.
+        self.duplex: dict[str, DuplexConversationEntry] = {}
+
+    def add_duplex(self, entry: DuplexConversationEntry) -> None:
+        """Index a duplex conversation its link opened."""
+        self.duplex[entry.id] = entry
+        self.satellite_of[entry.id] = entry.satellite
+        self.owner_of[entry.id] = entry.owner
+
+    def duplex_of(self, satellite: str) -> DuplexConversationEntry | None:
+        """Return the newest duplex conversation of a satellite (entity id)."""
+        found = [e for e in self.duplex.values() if e.satellite == satellite]
+        return found[-1] if found else None
 
     def add(self, session: Session) -> None:
         """Index a spawned session under its id and key."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from homeassistant.core import CALLBACK_TYPE
 
@@ -116,3 +117,38 @@ class Conversation:
     satellite: str | None
     device_id: str | None
     stats: ChildStats
+
+
+class DuplexHandle(Protocol):
+    """What a duplex satellite's manager lets the sessions do to one conversation."""
+
+    @property
+    def live(self) -> bool:
+        """Whether a session listens now (an answer is spoken on the satellite)."""
+
+    async def aclose(self) -> None:
+        """Close the conversation through its link (hand-off), once."""
+
+    def continue_next_start(self) -> bool:
+        """Let the satellite's next ``start_conversation`` continue this conversation.
+
+        False when the satellite cannot start a conversation (nothing changes).
+        """
+
+
+@dataclass
+class DuplexConversationEntry:
+    """A duplex satellite's conversation: its link runs it, the index knows it.
+
+    Its kernel child is spawned by the link (``duplex_link``); the sessions only
+    list it, push into it, close it (``handle``) and read its counters.
+    """
+
+    id: str  # the kernel child's id
+    satellite: str | None  # the satellite's entity id
+    device_id: str | None
+    owner: str | None
+    handle: DuplexHandle
+    last_stats: ChildStats | None = None
+    close_task: asyncio.Task[int] | None = None  # set once: a stop's one close
+    messages: int | None = None  # handed off at the close
