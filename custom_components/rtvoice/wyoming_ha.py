@@ -3,9 +3,11 @@
 - ``async_probe_wyoming`` tests a satellite before the options flow (or a
   discovery) stores it: ``describe`` → ``info`` must show a satellite;
 - ``WyomingSatellites`` runs one ``WyomingSatelliteLink`` per stored satellite on the
-  entry's kernel, with the preferred pipeline's STT and TTS (``duplex_ha``) and the
-  satellite's own settings (barge-in, end silence, wake word), and tells the
-  satellite entities (a dispatcher signal) when a link or its session changes.
+  entry's kernel, with the STT and TTS of the pipeline chosen in the satellite's
+  pipeline select (``duplex_ha``; the preferred one by default) and the
+  satellite's own settings (barge-in, end silence, wake word), tells the
+  satellite entities (a dispatcher signal) when a link or its session changes,
+  and stores a satellite's changed settings (``async_store``: the entry reloads).
   ``async_stop`` leaves no task;
 - while it runs, a repair issue says when HA's ``wyoming`` integration holds the
   same satellite (same host and port): a satellite serves one client at a time.
@@ -22,6 +24,7 @@ from typing import Any, Final
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 
+from homeassistant.components.assist_pipeline.select import get_chosen_pipeline
 from homeassistant.config_entries import (
     SIGNAL_CONFIG_ENTRY_CHANGED,
     ConfigEntry,
@@ -29,14 +32,20 @@ from homeassistant.config_entries import (
 )
 from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant, callback
-from homeassistant.helpers import issue_registry as ir
+from homeassistant.helpers import device_registry as dr, issue_registry as ir
 from homeassistant.helpers.dispatcher import (
     async_dispatcher_connect,
     async_dispatcher_send,
 )
 
 from .audio.wakeword import MODELS_BY_ID, WakeWordEngine, WakeWordUnavailableError
-from .const import CONF_NAME, CONF_WAKE_WORD, DEFAULT_WYOMING_PORT, DOMAIN
+from .const import (
+    CONF_NAME,
+    CONF_WAKE_WORD,
+    CONF_WYOMING_SATELLITES,
+    DEFAULT_WYOMING_PORT,
+    DOMAIN,
+)
 from .duplex import SessionState
 from .duplex_ha import pipeline_stt, pipeline_tts, satellite_echo, satellite_options
 from .duplex_link import DuplexBinding, RoundEnds
@@ -95,6 +104,33 @@ async def async_probe_wyoming(host: str, port: int) -> Info:
 def wyoming_key(conf: Mapping[str, Any]) -> str:
     """Return the stable key of a stored Wyoming satellite (host:port)."""
     return f"{conf[CONF_HOST]}:{conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)}"
+
+
+def wyoming_unique_id(entry_id: str, key: str) -> str:
+    """Return the satellite entity's unique id (its pipeline select's id prefix)."""
+    return f"{entry_id}-wyoming-{key}"
+
+
+def wyoming_device_info(key: str, conf: Mapping[str, Any]) -> dr.DeviceInfo:
+    """Describe the satellite's own device (the satellite's name from its info)."""
+    return dr.DeviceInfo(
+        identifiers={(DOMAIN, f"wyoming-{key}")},
+        name=str(conf.get(CONF_NAME) or conf[CONF_HOST]),
+        manufacturer="Wyoming",
+        model="Wyoming satellite",
+    )
+
+
+@callback
+def wyoming_chosen_pipeline(hass: HomeAssistant, entry_id: str, key: str) -> str | None:
+    """Pipeline id chosen in the satellite's pipeline select (None: preferred)."""
+    return get_chosen_pipeline(hass, DOMAIN, wyoming_unique_id(entry_id, key))
+
+
+def wake_word_of(conf: Mapping[str, Any]) -> str:
+    """Return the satellite's wake word: a bundled model id or ``satellite``."""
+    wake_word = str(conf.get(CONF_WAKE_WORD, DEFAULT_WAKE_WORD))
+    return wake_word if wake_word in MODELS_BY_ID else WAKE_WORD_SATELLITE
 
 
 def wake_model(conf: Mapping[str, Any]) -> str | None:
@@ -167,10 +203,13 @@ class WyomingSatellites:
 
     def _start_link(self, key: str, conf: Mapping[str, Any]) -> None:
         model = wake_model(conf)
+        choice = functools.partial(
+            wyoming_chosen_pipeline, self.hass, self.entry_id, key
+        )
         binding = DuplexBinding(
             kernel=self.kernel,
-            stt=pipeline_stt(self.hass),
-            tts=pipeline_tts(self.hass),
+            stt=pipeline_stt(self.hass, choice),
+            tts=pipeline_tts(self.hass, choice),
             options=satellite_options(conf),
             round_ends=self.round_ends,
             echo=satellite_echo(str(conf.get(CONF_NAME) or key), conf),
@@ -198,6 +237,23 @@ class WyomingSatellites:
         links = list(self.links.values())
         self.links.clear()
         await asyncio.gather(*(link.aclose() for link in links))
+
+    @callback
+    def async_store(self, key: str, **settings: Any) -> None:
+        """Store changed settings of satellite ``key`` in the entry's options.
+
+        The entry reloads (the update listener), and the satellite's link with it.
+        """
+        entry = self.hass.config_entries.async_get_entry(self.entry_id)
+        if entry is None:
+            return
+        satellites = [
+            {**conf, **settings} if wyoming_key(conf) == key else dict(conf)
+            for conf in entry.options.get(CONF_WYOMING_SATELLITES, [])
+        ]
+        self.hass.config_entries.async_update_entry(
+            entry, options={**entry.options, CONF_WYOMING_SATELLITES: satellites}
+        )
 
     # --- HA's wyoming integration holding the same satellite ---------------------
 
