@@ -303,7 +303,7 @@ class WyomingSatelliteEntity(AssistSatelliteEntity):
         )
 
     async def async_added_to_hass(self) -> None:
-        """Follow the link."""
+        """Follow the link; conversations render this satellite's prompt sections."""
         await super().async_added_to_hass()
         self.async_on_remove(
             async_dispatcher_connect(
@@ -312,6 +312,7 @@ class WyomingSatelliteEntity(AssistSatelliteEntity):
                 self._updated,
             )
         )
+        self._wyoming.set_prompt_scope(self._key, self.entity_id)
         self._updated()
 
     @callback

@@ -135,6 +135,7 @@ async def async_build_runtime(
         kernel,
         round_ends,
         entry.options.get(CONF_WYOMING_SATELLITES, []),
+        brain=brain,
     )
     try:
         await wyoming.async_start()

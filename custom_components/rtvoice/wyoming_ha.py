@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+import dataclasses
 import functools
 import logging
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
@@ -31,8 +32,12 @@ from homeassistant.config_entries import (
     ConfigEntryChange,
 )
 from homeassistant.const import CONF_HOST, CONF_PORT
-from homeassistant.core import HomeAssistant, callback
-from homeassistant.helpers import device_registry as dr, issue_registry as ir
+from homeassistant.core import Context, HomeAssistant, callback
+from homeassistant.helpers import (
+    device_registry as dr,
+    entity_registry as er,
+    issue_registry as ir,
+)
 from homeassistant.helpers.dispatcher import (
     async_dispatcher_connect,
     async_dispatcher_send,
@@ -50,7 +55,11 @@ from .duplex import SessionState
 from .duplex_ha import pipeline_stt, pipeline_tts, satellite_echo, satellite_options
 from .duplex_link import DuplexBinding, RoundEnds
 from .kernel import Kernel
+from .turn import TurnContext
 from .wyoming_link import LinkState, WyomingSatelliteLink
+
+if TYPE_CHECKING:
+    from .brain import Brain
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -149,8 +158,14 @@ class WyomingSatellites:
         kernel: Kernel,
         round_ends: RoundEnds,
         satellites: Sequence[Mapping[str, Any]],
+        *,
+        brain: Brain | None = None,
     ) -> None:
-        """Bind the stored satellites to the entry's kernel (nothing runs yet)."""
+        """Bind the stored satellites to the entry's kernel (nothing runs yet).
+
+        ``brain``: prepares each conversation's tools (HA's LLM API) for the
+        satellite's turn; without it the conversations have none.
+        """
         self.hass = hass
         self.entry_id = entry_id
         self.kernel = kernel
@@ -162,6 +177,9 @@ class WyomingSatellites:
         self.states: dict[str, SessionState | None] = {}
         self.engine: WakeWordEngine | None = None
         self.conflicts: set[str] = set()
+        self.brain = brain
+        self.scopes: dict[str, str] = {}  # satellite entity id per key
+        self._prepared: dict[str, str] = {}  # child id prepared per key
         self._unlisten: Any = None
 
     async def async_start(self) -> None:
@@ -223,6 +241,7 @@ class WyomingSatellites:
             wake_model_ids=[model] if model is not None else None,
             on_state=functools.partial(self._link_state, key),
             on_session_state=functools.partial(self._session_state, key),
+            prepare=functools.partial(self._async_prepare, key),
         )
         self.links[key] = link
         link.start()
@@ -237,6 +256,48 @@ class WyomingSatellites:
         links = list(self.links.values())
         self.links.clear()
         await asyncio.gather(*(link.aclose() for link in links))
+        if self.brain is not None:
+            for child_id in self._prepared.values():
+                self.brain.forget(child_id)
+        self._prepared.clear()
+
+    @callback
+    def set_prompt_scope(self, key: str, scope: str) -> None:
+        """Render the satellite's prompt sections (its entity id) in its conversations.
+
+        Applies to conversations opened from now on.
+        """
+        self.scopes[key] = scope
+        if (link := self.links.get(key)) is not None:
+            link.binding = dataclasses.replace(link.binding, prompt_scope=scope)
+
+    async def _async_prepare(self, key: str, child_id: str) -> None:
+        """Fetch the tools of the satellite's conversation (its device, its scope)."""
+        brain = self.brain
+        if brain is None:
+            return
+        previous = self._prepared.get(key)
+        if previous is not None and previous != child_id:
+            brain.forget(previous)  # closed by the idle timeout meanwhile
+        self._prepared[key] = child_id
+        scope = self.scopes.get(key)
+        device_id = None
+        if scope is not None and (
+            registered := er.async_get(self.hass).async_get(scope)
+        ):
+            device_id = registered.device_id
+        brain.set_turn(
+            child_id,
+            TurnContext(
+                context=Context(),
+                language=self.hass.config.language,
+                device_id=device_id,
+                satellite_id=scope,
+                conversation_id=child_id,
+                prompt_scope=scope,
+            ),
+        )
+        await brain.async_prepare(child_id)
 
     @callback
     def async_store(self, key: str, **settings: Any) -> None:
