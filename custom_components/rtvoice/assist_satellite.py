@@ -41,11 +41,13 @@ from homeassistant.components.assist_satellite import (
 from homeassistant.components.assist_satellite.entity import AssistSatelliteState
 from homeassistant.const import Platform
 from homeassistant.core import HomeAssistant, callback
-from homeassistant.helpers import device_registry as dr, entity_registry as er
+from homeassistant.exceptions import HomeAssistantError
+from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from .const import DOMAIN
+from .audio.wakeword import MODELS as WAKE_WORD_MODELS, MODELS_BY_ID as WAKE_WORD_IDS
+from .const import CONF_WAKE_WORD, DOMAIN
 from .duplex import SessionState
 from .duplex_ha import (
     SIGNAL_DUPLEX_UPDATE,
@@ -55,7 +57,14 @@ from .duplex_ha import (
     satellite_unique_id,
 )
 from .runtime import RtVoiceConfigEntry
-from .wyoming_ha import SIGNAL_WYOMING_UPDATE, WyomingSatellites
+from .wyoming_ha import (
+    SIGNAL_WYOMING_UPDATE,
+    WAKE_WORD_SATELLITE,
+    WyomingSatellites,
+    wake_word_of,
+    wyoming_device_info,
+    wyoming_unique_id,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -293,7 +302,10 @@ class WyomingSatelliteEntity(AssistSatelliteEntity):
 
     On a device of its own (the satellite's name from its ``info``); available
     while the link is connected; the state follows the duplex session: idle (no
-    conversation, waiting for the wake word), listening, responding.
+    session, waiting for the wake word), listening, responding. The pipeline
+    select on the same device chooses the STT and TTS of its conversations; the
+    wake word configuration offers the bundled openWakeWord models (detected on
+    the server) or the satellite's own wake word service, one at a time.
     """
 
     _attr_has_entity_name = True
@@ -308,15 +320,16 @@ class WyomingSatelliteEntity(AssistSatelliteEntity):
         self._wyoming = wyoming
         self._key = key
         self._entry_id = entry.entry_id
-        conf = wyoming.configs[key]
-        self._attr_unique_id = f"{entry.entry_id}-wyoming-{key}"
-        self._attr_device_info = dr.DeviceInfo(
-            identifiers={(DOMAIN, f"wyoming-{key}")},
-            name=str(conf.get("name") or conf["host"]),
-            manufacturer="Wyoming",
-            model="Wyoming satellite",
-        )
+        self._attr_unique_id = wyoming_unique_id(entry.entry_id, key)
+        self._attr_device_info = wyoming_device_info(key, wyoming.configs[key])
         self._attr_available = False
+
+    @property
+    def pipeline_entity_id(self) -> str | None:
+        """The pipeline select on the satellite's device."""
+        return er.async_get(self.hass).async_get_entity_id(
+            Platform.SELECT, DOMAIN, f"{self._attr_unique_id}-pipeline"
+        )
 
     async def async_added_to_hass(self) -> None:
         """Follow the link; conversations render this satellite's prompt sections."""
@@ -344,16 +357,40 @@ class WyomingSatelliteEntity(AssistSatelliteEntity):
 
     @callback
     def async_get_configuration(self) -> AssistSatelliteConfiguration:
-        """Offer no wake words here (they are chosen in Realtime Voice's options)."""
+        """Offer the bundled models (on the server) or the satellite's own wake word."""
         return AssistSatelliteConfiguration(
-            available_wake_words=[], active_wake_words=[], max_active_wake_words=0
+            available_wake_words=[
+                *(
+                    AssistSatelliteWakeWord(
+                        id=model.id, wake_word=model.name, trained_languages=["en"]
+                    )
+                    for model in WAKE_WORD_MODELS
+                ),
+                AssistSatelliteWakeWord(
+                    id=WAKE_WORD_SATELLITE,
+                    wake_word="On the satellite",
+                    trained_languages=[],
+                ),
+            ],
+            active_wake_words=[wake_word_of(self._wyoming.configs[self._key])],
+            max_active_wake_words=1,
         )
 
     async def async_set_configuration(
         self, config: AssistSatelliteConfiguration
     ) -> None:
-        """Wake word configuration is not offered here."""
-        raise NotImplementedError
+        """Store the chosen wake word; the entry reloads and the link uses it."""
+        wanted = config.active_wake_words[:1] or [WAKE_WORD_SATELLITE]
+        wake_word = wanted[0]
+        if wake_word != WAKE_WORD_SATELLITE and wake_word not in WAKE_WORD_IDS:
+            raise HomeAssistantError(
+                translation_domain=DOMAIN,
+                translation_key="unknown_wake_word",
+                translation_placeholders={"wake_word": wake_word},
+            )
+        if wake_word == wake_word_of(self._wyoming.configs[self._key]):
+            return
+        self._wyoming.async_store(self._key, **{CONF_WAKE_WORD: wake_word})
 
     def on_pipeline_event(self, event: PipelineEvent) -> None:
         """No Assist pipeline runs through this entity (duplex sessions do not)."""

@@ -13,7 +13,7 @@ Unique ids: ``<base url without trailing slash>|<model>`` for an endpoint,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 import logging
 import socket
@@ -834,7 +834,7 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             menu.extend(["configure_duplex", "remove_duplex"])
         menu.append("add_wyoming")
         if self._wyoming():
-            menu.append("remove_wyoming")
+            menu.extend(["configure_wyoming", "remove_wyoming"])
         return self.async_show_menu(step_id="init", menu_options=menu)
 
     async def async_step_settings(
@@ -961,19 +961,36 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
     async def async_step_duplex_settings(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
-        """Barge-in mode, server echo cancellation and end silence of one satellite.
-
-        Echo cancellation cannot be switched on where its package cannot run
-        (the description says why); ``vad`` without it is allowed (a board with
-        its own echo cancellation needs none) and the description warns.
-        """
+        """Barge-in mode, server echo cancellation and end silence of one satellite."""
         satellites = self._duplex()
+        return self._satellite_settings(
+            "duplex_settings",
+            satellites,
+            satellite_key,
+            user_input,
+            lambda: self._store({**self.config_entry.options}, duplex=satellites),
+        )
+
+    def _satellite_settings(
+        self,
+        step_id: str,
+        satellites: list[dict[str, Any]],
+        key_of: Callable[[Mapping[str, Any]], str],
+        user_input: dict[str, Any] | None,
+        store: Callable[[], ConfigFlowResult],
+        *,
+        wake_word: bool = False,
+    ) -> ConfigFlowResult:
+        """Show or save the settings of the satellite being configured (any kind).
+
+        Saved into ``satellites`` (then ``store``). Echo cancellation cannot be
+        switched on where its package cannot run (the description says why);
+        ``vad`` without it is allowed (a board with its own echo cancellation needs
+        none) and the description warns. ``wake_word``: the form also chooses the
+        wake word (Wyoming: a bundled model on the server, or the satellite's own).
+        """
         index = next(
-            (
-                i
-                for i, s in enumerate(satellites)
-                if satellite_key(s) == self._configuring
-            ),
+            (i for i, s in enumerate(satellites) if key_of(s) == self._configuring),
             None,
         )
         if index is None:
@@ -986,13 +1003,15 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             if echo and aec_reason is not None:
                 errors[CONF_ECHO_CANCELLATION] = "echo_cancellation_unavailable"
             else:
-                satellites[index] = {
-                    **satellite,
+                changed = {
                     CONF_BARGE_IN: str(user_input[CONF_BARGE_IN]),
                     CONF_ECHO_CANCELLATION: echo,
                     CONF_END_SILENCE: int(user_input[CONF_END_SILENCE]),
                 }
-                return self._store({**self.config_entry.options}, duplex=satellites)
+                if wake_word:
+                    changed[CONF_WAKE_WORD] = str(user_input[CONF_WAKE_WORD])
+                satellites[index] = {**satellite, **changed}
+                return store()
         current = {
             CONF_BARGE_IN: satellite.get(CONF_BARGE_IN, DEFAULT_BARGE_IN),
             CONF_ECHO_CANCELLATION: satellite.get(
@@ -1000,10 +1019,13 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             ),
             CONF_END_SILENCE: satellite.get(CONF_END_SILENCE, DEFAULT_END_SILENCE),
         }
+        if wake_word:
+            current[CONF_WAKE_WORD] = satellite.get(CONF_WAKE_WORD, DEFAULT_WAKE_WORD)
         return self.async_show_form(
-            step_id="duplex_settings",
+            step_id=step_id,
             data_schema=self.add_suggested_values_to_schema(
-                _duplex_settings_schema(), {**current, **(user_input or {})}
+                _duplex_settings_schema(wake_word=wake_word),
+                {**current, **(user_input or {})},
             ),
             errors=errors,
             description_placeholders={
@@ -1072,6 +1094,38 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
             errors=errors,
         )
 
+    async def async_step_configure_wyoming(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Pick the Wyoming satellite whose settings to change (only one: that one)."""
+        satellites = self._wyoming()
+        if len(satellites) == 1:
+            self._configuring = wyoming_key(satellites[0])
+            return await self.async_step_wyoming_settings()
+        if user_input is not None:
+            self._configuring = user_input[CONF_SATELLITE]
+            return await self.async_step_wyoming_settings()
+        return self.async_show_form(
+            step_id="configure_wyoming",
+            data_schema=vol.Schema(
+                {vol.Required(CONF_SATELLITE): _wyoming_selector(satellites)}
+            ),
+        )
+
+    async def async_step_wyoming_settings(
+        self, user_input: dict[str, Any] | None = None
+    ) -> ConfigFlowResult:
+        """Barge-in, echo cancellation, end silence and wake word of one satellite."""
+        satellites = [dict(s) for s in self._wyoming()]
+        return self._satellite_settings(
+            "wyoming_settings",
+            satellites,
+            wyoming_key,
+            user_input,
+            lambda: self._store({**self.config_entry.options}, wyoming=satellites),
+            wake_word=True,
+        )
+
     async def async_step_remove_wyoming(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
@@ -1083,19 +1137,12 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
                 {**self.config_entry.options},
                 wyoming=[s for s in satellites if wyoming_key(s) not in gone],
             )
-        choices = [
-            SelectOptionDict(
-                value=wyoming_key(s),
-                label=f"{s.get(CONF_NAME) or s[CONF_HOST]} ({wyoming_key(s)})",
-            )
-            for s in satellites
-        ]
         return self.async_show_form(
             step_id="remove_wyoming",
             data_schema=vol.Schema(
                 {
-                    vol.Required(CONF_WYOMING_SATELLITES): SelectSelector(
-                        SelectSelectorConfig(options=choices, multiple=True)
+                    vol.Required(CONF_WYOMING_SATELLITES): _wyoming_selector(
+                        satellites, multiple=True
                     )
                 }
             ),
@@ -1156,10 +1203,34 @@ def _satellite_selector(
     )
 
 
-def _duplex_settings_schema() -> vol.Schema:
-    """Return the per-satellite settings form."""
+def _wyoming_selector(
+    satellites: list[dict[str, Any]], *, multiple: bool = False
+) -> SelectSelector:
+    """Return a choice of stored Wyoming satellites (values: their keys)."""
+    return SelectSelector(
+        SelectSelectorConfig(
+            options=[
+                SelectOptionDict(
+                    value=wyoming_key(s),
+                    label=f"{s.get(CONF_NAME) or s[CONF_HOST]} ({wyoming_key(s)})",
+                )
+                for s in satellites
+            ],
+            multiple=multiple,
+        )
+    )
+
+
+def _duplex_settings_schema(*, wake_word: bool = False) -> vol.Schema:
+    """Return the per-satellite settings form (with the wake word: Wyoming)."""
+    wake: dict[vol.Marker, Any] = (
+        {vol.Required(CONF_WAKE_WORD, default=DEFAULT_WAKE_WORD): _wake_word_selector()}
+        if wake_word
+        else {}
+    )
     return vol.Schema(
         {
+            **wake,
             vol.Required(CONF_BARGE_IN, default=DEFAULT_BARGE_IN): SelectSelector(
                 SelectSelectorConfig(
                     options=[mode.value for mode in BargeIn],

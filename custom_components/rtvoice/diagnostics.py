@@ -1,14 +1,17 @@
 """Diagnostics of a Realtime Voice entry: configuration, structure and counters.
 
 What users may safely attach to an issue. Never included: the API key, the prompt
-(both redacted), credentials or query strings of the base URL, and any text that
-went through a conversation — transcripts, prompt section contents and tool
-results are reduced to counts and names.
+and satellites' encryption keys (redacted), credentials or query strings of the
+base URL, and any text that went through a conversation — transcripts, prompt
+section contents and tool results are reduced to counts and names. The duplex
+ESPHome and Wyoming satellites' links report their connection, session state and
+counters (their host and port are in the options already).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Final
 
 from homeassistant.components.diagnostics import async_redact_data
 from homeassistant.config_entries import ConfigEntryState
@@ -18,6 +21,12 @@ from .const import CONF_API_KEY, CONF_BASE_URL, CONF_NOISE_PSK, CONF_PROMPT
 from .kernel import Capability
 from .redact import safe_url
 from .runtime import RtVoiceConfigEntry, RtVoiceRuntime
+
+if TYPE_CHECKING:
+    from .duplex import DuplexSession
+    from .duplex_link import DuplexConversation
+    from .esphome_link import EsphomeLink
+    from .wyoming_link import WyomingSatelliteLink
 
 TO_REDACT: Final = {CONF_API_KEY, CONF_NOISE_PSK, CONF_PROMPT}
 
@@ -61,6 +70,14 @@ def _runtime(runtime: RtVoiceRuntime) -> dict[str, Any]:
     return {
         "tools": runtime.tools is not None,
         "satellites": satellites,
+        "duplex_satellites": [
+            _esphome_link(key, link)
+            for key, link in sorted(runtime.duplex.links.items())
+        ],
+        "wyoming_satellites": [
+            _wyoming_link(key, link, key in runtime.wyoming.conflicts)
+            for key, link in sorted(runtime.wyoming.links.items())
+        ],
         # id, satellite, device, state and counters; no text.
         "conversations": runtime.control.list_conversations(),
         "archived_conversations": [
@@ -90,4 +107,72 @@ def _runtime(runtime: RtVoiceRuntime) -> dict[str, Any]:
             }
             for section in runtime.prompts.snapshot()
         ],
+    }
+
+
+def _esphome_link(key: str, link: EsphomeLink) -> dict[str, Any]:
+    """Describe a duplex link: connection, firmware, answer output, conversation."""
+    info = link.device_info
+    return {
+        "key": key,
+        "available": link.available,
+        "esphome_version": info.esphome_version if info is not None else None,
+        "login": link.login,
+        "answer_output": "media_player"
+        if link.media_player_key is not None
+        else "api_audio",
+        # The error's type only: messages may carry addresses or key material.
+        "last_error": type(link.last_error).__name__ if link.last_error else None,
+        "conversation": _conversation(link.conversation),
+    }
+
+
+def _wyoming_link(
+    key: str, link: WyomingSatelliteLink, conflict: bool
+) -> dict[str, Any]:
+    """Describe a Wyoming link: connection, counters, conversation."""
+    stats = asdict(link.stats)
+    # Per-stream times are for benchmarks: counts only.
+    for name in ("stream_last_frame_at", "stream_first_frame_at"):
+        stats[name] = len(stats[name])
+    stats.pop("last_frame_sent_at", None)
+    satellite = link.info.satellite if link.info is not None else None
+    return {
+        "key": key,
+        "state": link.state.value,
+        "connected": link.connected,
+        "held_by_wyoming_integration": conflict,
+        "satellite_version": satellite.version if satellite is not None else None,
+        "stats": stats,
+        "conversation": _conversation(link.conversation),
+    }
+
+
+def _conversation(conversation: DuplexConversation | None) -> dict[str, Any] | None:
+    """Describe a conversation: child, sessions, the session's counters (no text)."""
+    if conversation is None:
+        return None
+    return {
+        "child_id": conversation.child_id,
+        "sessions": conversation.sessions,
+        "idle": conversation.idle,
+        "closing": conversation.closing,
+        "session": _session(conversation.session),
+    }
+
+
+def _session(session: DuplexSession) -> dict[str, Any]:
+    stats = session.stats
+    return {
+        "state": session.state.value,
+        "utterances": stats.utterances,
+        "pushes": stats.pushes,
+        "barge_ins": stats.barge_ins,
+        "pauses": stats.pauses,
+        "false_barge_ins": stats.false_barge_ins,
+        "wake_interrupts": stats.wake_interrupts,
+        "dropped_utterances": stats.dropped_utterances,
+        "echo_utterances": stats.echo_utterances,
+        "stt_errors": stats.stt_errors,
+        "tts_errors": stats.tts_errors,
     }

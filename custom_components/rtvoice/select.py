@@ -1,8 +1,8 @@
-"""The pipeline select of each duplex satellite (as HA's esphome and wyoming have).
+"""The pipeline select of each duplex and Wyoming satellite (as in HA's own).
 
 HA's ``AssistPipelineSelect`` on the satellite's device: "preferred" or a
 pipeline by name. The duplex conversations read it at every utterance and every
-sentence (``duplex_ha.chosen_pipeline``), so a change applies to the next one; the
+sentence (``duplex_ha.chosen_pipeline``, ``wyoming_ha.wyoming_chosen_pipeline``), so a change applies to the next one; the
 satellite entity names it as its ``pipeline_entity_id`` (announcements use its TTS).
 
 No VAD sensitivity select: in duplex mode the end of an utterance is found by the
@@ -22,6 +22,7 @@ from homeassistant.setup import async_setup_component
 from .const import DOMAIN
 from .duplex_ha import satellite_device_info, satellite_unique_id
 from .runtime import RtVoiceConfigEntry
+from .wyoming_ha import wyoming_device_info, wyoming_unique_id
 
 PARALLEL_UPDATES = 0
 
@@ -33,9 +34,10 @@ async def async_setup_entry(
     entry: RtVoiceConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    """Add a pipeline select per stored duplex satellite."""
+    """Add a pipeline select per stored duplex and Wyoming satellite."""
     duplex = entry.runtime_data.duplex
-    if not duplex.configs:
+    wyoming = entry.runtime_data.wyoming
+    if not duplex.configs and not wyoming.configs:
         return
     # The select reads the pipeline store: make sure it exists (the platforms of
     # an entry are set up side by side, assist_satellite's dependencies too).
@@ -43,6 +45,10 @@ async def async_setup_entry(
     async_add_entities(
         DuplexPipelineSelect(hass, entry.entry_id, key, conf)
         for key, conf in duplex.configs.items()
+    )
+    async_add_entities(
+        WyomingPipelineSelect(hass, entry.entry_id, key, conf)
+        for key, conf in wyoming.configs.items()
     )
 
 
@@ -61,3 +67,20 @@ class DuplexPipelineSelect(AssistPipelineSelect):
         """Place the select on the satellite's device."""
         super().__init__(hass, DOMAIN, satellite_unique_id(entry_id, key))
         self._attr_device_info = satellite_device_info(key, conf)
+
+
+class WyomingPipelineSelect(AssistPipelineSelect):
+    """Which Assist pipeline's speech engines a Wyoming satellite uses."""
+
+    _attr_has_entity_name = True
+
+    def __init__(
+        self,
+        hass: HomeAssistant,
+        entry_id: str,
+        key: str,
+        conf: Mapping[str, Any],
+    ) -> None:
+        """Place the select on the satellite's device."""
+        super().__init__(hass, DOMAIN, wyoming_unique_id(entry_id, key))
+        self._attr_device_info = wyoming_device_info(key, conf)

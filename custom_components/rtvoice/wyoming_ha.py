@@ -3,12 +3,14 @@
 - ``async_probe_wyoming`` tests a satellite before the options flow (or a
   discovery) stores it: ``describe`` → ``info`` must show a satellite;
 - ``WyomingSatellites`` runs one ``WyomingSatelliteLink`` per stored satellite on the
-  entry's kernel, with the preferred pipeline's STT and TTS, the satellite's own
-  settings (barge-in, end silence, wake word) and the entry's conversation
+  entry's kernel, with the STT and TTS of the pipeline chosen in the satellite's
+  pipeline select (``duplex_ha``; the preferred one by default), the satellite's
+  own settings (barge-in, end silence, wake word) and the entry's conversation
   settings (``duplex_ha.satellite_binding``, as for ESPHome), indexes its
   conversations with the ``SessionManager`` (listed, sent to, stopped and read
-  like any other), and tells the satellite entities (a dispatcher signal) when a
-  link or its session changes. ``async_stop`` leaves no task;
+  like any other), tells the satellite entities (a dispatcher signal) when a
+  link or its session changes, and stores a satellite's changed settings
+  (``async_store``: the entry reloads). ``async_stop`` leaves no task;
 - while it runs, a repair issue says when HA's ``wyoming`` integration holds the
   same satellite (same host and port): a satellite serves one client at a time.
 """
@@ -20,32 +22,47 @@ from collections.abc import Mapping, Sequence
 import dataclasses
 import functools
 import logging
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 
+from homeassistant.components.assist_pipeline.select import get_chosen_pipeline
 from homeassistant.config_entries import (
     SIGNAL_CONFIG_ENTRY_CHANGED,
     ConfigEntry,
     ConfigEntryChange,
 )
 from homeassistant.const import CONF_HOST, CONF_PORT
-from homeassistant.core import HomeAssistant, callback
-from homeassistant.helpers import issue_registry as ir
+from homeassistant.core import Context, HomeAssistant, callback
+from homeassistant.helpers import (
+    device_registry as dr,
+    entity_registry as er,
+    issue_registry as ir,
+)
 from homeassistant.helpers.dispatcher import (
     async_dispatcher_connect,
     async_dispatcher_send,
 )
 
 from .audio.wakeword import MODELS_BY_ID, WakeWordEngine, WakeWordUnavailableError
-from .const import CONF_NAME, CONF_WAKE_WORD, DEFAULT_WYOMING_PORT, DOMAIN
+from .const import (
+    CONF_NAME,
+    CONF_WAKE_WORD,
+    CONF_WYOMING_SATELLITES,
+    DEFAULT_WYOMING_PORT,
+    DOMAIN,
+)
 from .duplex import SessionState
 from .duplex_ha import satellite_binding, satellite_device_id, with_entry_settings
 from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .kernel import Kernel
 from .sessions import SessionManager
+from .turn import TurnContext
 from .wyoming_link import LinkState, WyomingSatelliteLink
+
+if TYPE_CHECKING:
+    from .brain import Brain
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -101,6 +118,33 @@ def wyoming_key(conf: Mapping[str, Any]) -> str:
     return f"{conf[CONF_HOST]}:{conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)}"
 
 
+def wyoming_unique_id(entry_id: str, key: str) -> str:
+    """Return the satellite entity's unique id (its pipeline select's id prefix)."""
+    return f"{entry_id}-wyoming-{key}"
+
+
+def wyoming_device_info(key: str, conf: Mapping[str, Any]) -> dr.DeviceInfo:
+    """Describe the satellite's own device (the satellite's name from its info)."""
+    return dr.DeviceInfo(
+        identifiers={(DOMAIN, f"wyoming-{key}")},
+        name=str(conf.get(CONF_NAME) or conf[CONF_HOST]),
+        manufacturer="Wyoming",
+        model="Wyoming satellite",
+    )
+
+
+@callback
+def wyoming_chosen_pipeline(hass: HomeAssistant, entry_id: str, key: str) -> str | None:
+    """Pipeline id chosen in the satellite's pipeline select (None: preferred)."""
+    return get_chosen_pipeline(hass, DOMAIN, wyoming_unique_id(entry_id, key))
+
+
+def wake_word_of(conf: Mapping[str, Any]) -> str:
+    """Return the satellite's wake word: a bundled model id or ``satellite``."""
+    wake_word = str(conf.get(CONF_WAKE_WORD, DEFAULT_WAKE_WORD))
+    return wake_word if wake_word in MODELS_BY_ID else WAKE_WORD_SATELLITE
+
+
 def wake_model(conf: Mapping[str, Any]) -> str | None:
     """Return the bundled model waking this satellite on the server (None: its own)."""
     wake_word = conf.get(CONF_WAKE_WORD, DEFAULT_WAKE_WORD)
@@ -119,8 +163,13 @@ class WyomingSatellites:
         satellites: Sequence[Mapping[str, Any]],
         *,
         sessions: SessionManager,
+        brain: Brain | None = None,
     ) -> None:
-        """Bind the stored satellites to the entry's kernel (nothing runs yet)."""
+        """Bind the stored satellites to the entry's kernel (nothing runs yet).
+
+        ``brain``: prepares each conversation's tools (HA's LLM API) for the
+        satellite's turn; without it the conversations have none.
+        """
         self.hass = hass
         self.entry_id = entry_id
         self.kernel = kernel
@@ -137,6 +186,7 @@ class WyomingSatellites:
                 round_ends,
                 name=str(conf.get(CONF_NAME) or key),
                 conf=conf,
+                choice=functools.partial(wyoming_chosen_pipeline, hass, entry_id, key),
             )
             for key, conf in self.configs.items()
         }
@@ -145,6 +195,8 @@ class WyomingSatellites:
         self.states: dict[str, SessionState | None] = {}
         self.engine: WakeWordEngine | None = None
         self.conflicts: set[str] = set()
+        self.brain = brain
+        self._prepared: dict[str, str] = {}  # child id prepared per key
         self._unlisten: Any = None
 
     async def async_start(self) -> None:
@@ -195,6 +247,7 @@ class WyomingSatellites:
             wake_model_ids=[model] if model is not None else None,
             on_state=functools.partial(self._link_state, key),
             on_session_state=functools.partial(self._session_state, key),
+            prepare=functools.partial(self._async_prepare, key),
         )
         self.links[key] = link
         link.start()
@@ -235,6 +288,55 @@ class WyomingSatellites:
         links = list(self.links.values())
         self.links.clear()
         await asyncio.gather(*(link.aclose() for link in links))
+        if self.brain is not None:
+            for child_id in self._prepared.values():
+                self.brain.forget(child_id)
+        self._prepared.clear()
+
+    async def _async_prepare(self, key: str, child_id: str) -> None:
+        """Fetch the tools of the satellite's conversation (its device, its scope)."""
+        brain = self.brain
+        if brain is None:
+            return
+        previous = self._prepared.get(key)
+        if previous is not None and previous != child_id:
+            brain.forget(previous)  # closed by the idle timeout meanwhile
+        self._prepared[key] = child_id
+        scope = self.entity_ids.get(key)
+        device_id = None
+        if scope is not None and (
+            registered := er.async_get(self.hass).async_get(scope)
+        ):
+            device_id = registered.device_id
+        brain.set_turn(
+            child_id,
+            TurnContext(
+                context=Context(),
+                language=self.hass.config.language,
+                device_id=device_id,
+                satellite_id=scope,
+                conversation_id=child_id,
+                prompt_scope=scope,
+            ),
+        )
+        await brain.async_prepare(child_id)
+
+    @callback
+    def async_store(self, key: str, **settings: Any) -> None:
+        """Store changed settings of satellite ``key`` in the entry's options.
+
+        The entry reloads (the update listener), and the satellite's link with it.
+        """
+        entry = self.hass.config_entries.async_get_entry(self.entry_id)
+        if entry is None:
+            return
+        satellites = [
+            {**conf, **settings} if wyoming_key(conf) == key else dict(conf)
+            for conf in entry.options.get(CONF_WYOMING_SATELLITES, [])
+        ]
+        self.hass.config_entries.async_update_entry(
+            entry, options={**entry.options, CONF_WYOMING_SATELLITES: satellites}
+        )
 
     # --- HA's wyoming integration holding the same satellite ---------------------
 

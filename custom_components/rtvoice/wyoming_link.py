@@ -21,29 +21,37 @@ Wake word: on the server (``wake``: the openWakeWord engine of ``audio/wakeword.
 its model work in an executor) and/or a ``detection`` event from the satellite (a
 satellite with its own wake service). The first wake opens a ``DuplexConversation``
 (the session logic shared with ESPHome: a kernel child on its own RT pair, each delta
-with its round's seq, the round's end through ``RoundEnds``); the mic goes to it until
-it ends (silence after the last answer, ``on_end``); a wake word during the
-conversation interrupts the answer in every barge-in mode (``wake_word_detected``).
-The session's frames become ``audio-start``/``audio-chunk``/``audio-stop``; the duplex
-player keeps only ``lead_ms`` queued on the satellite. wyoming-satellite has no
-stop-playback event: a cut sends no more audio, then ``audio-stop``; the satellite
-still plays what it had (the lead, plus the pipe of its ``--snd-command``).
+with its round's seq, the round's end through ``RoundEnds``); the mic goes to its
+session; a wake word during the session interrupts the answer in every barge-in
+mode (``wake_word_detected``). The session's frames become
+``audio-start``/``audio-chunk``/``audio-stop``; the duplex player keeps only
+``lead_ms`` queued on the satellite. wyoming-satellite has no stop-playback event: a
+cut sends no more audio, then ``audio-stop``; the satellite still plays what it had
+(the lead, plus the pipe of its ``--snd-command``). The mic DSP (echo canceller,
+gate, VAD) runs on the link's one ``DspWorker`` thread, closed in ``aclose``.
 
-Reconnect: a lost connection (EOF, error, no event for ``idle_timeout_s``) closes the
-conversation (the running round is interrupted; what was played stays acknowledged)
-and the link reconnects with exponential backoff (``reconnect_min_s`` doubling up to
-``reconnect_max_s``; reset once a connection delivered audio).
+The conversation outlives the wake word (as on ESPHome): after the end silence the
+session ends and the link waits for the wake word again, while the conversation's
+kernel child stays idle for the binding's ``idle_timeout_s``; a wake word within
+it resumes the same child (the model sees the earlier turns), after it
+(``on_close``) opens a new one.
+
+Reconnect: a lost connection (EOF, error, no event for ``idle_timeout_s`` of the
+link options) ends the session, not the conversation (the running round is
+interrupted; what was played stays acknowledged): after the reconnect a wake word
+continues it. The link reconnects with exponential backoff (``reconnect_min_s``
+doubling up to ``reconnect_max_s``; reset once a connection delivered audio).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 import contextlib
 from dataclasses import dataclass, field
 import enum
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
@@ -53,7 +61,13 @@ from wyoming.ping import Ping, Pong
 from wyoming.satellite import RunSatellite
 from wyoming.wake import Detection as WyomingDetection
 
-from .duplex import SAMPLE_RATE, DuplexSession, SessionState, UtteranceSegmenter
+from .duplex import (
+    SAMPLE_RATE,
+    DspWorker,
+    DuplexSession,
+    SessionState,
+    UtteranceSegmenter,
+)
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 
 if TYPE_CHECKING:
@@ -96,7 +110,8 @@ class LinkStats:
 
     connects: int = 0
     disconnects: int = 0
-    wakes: int = 0  # wake words that opened a conversation
+    wakes: int = 0  # wake words that opened or resumed a conversation
+    resumed: int = 0  # of the wakes: a new session on the idle child
     wake_interrupts: int = 0  # wake words during a conversation
     satellite_detections: int = 0  # of the wakes: detection events from the satellite
     conversations: int = 0
@@ -127,13 +142,16 @@ class WyomingSatelliteLink:
         link_options: LinkOptions | None = None,
         on_state: Callable[[LinkState], None] | None = None,
         on_session_state: Callable[[SessionState | None], None] | None = None,
+        prepare: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         """Bind the satellite's address to the duplex binding (kernel, STT, TTS).
 
         ``wake``: a warmed engine for wake words on the server (None: only the
         satellite's ``detection`` events wake it, if ``satellite_wake``).
         ``on_state`` follows the link, ``on_session_state`` the conversation's
-        session (None once no conversation runs).
+        session (None while no session runs). ``prepare(child_id)`` is awaited
+        when a conversation opens and run again when a wake word resumes it (the
+        HA side fetches the child's tools there).
         """
         self.host = host
         self.port = port
@@ -142,6 +160,7 @@ class WyomingSatelliteLink:
         self._wake = wake
         self._wake_model_ids = wake_model_ids
         self._satellite_wake = satellite_wake
+        self._prepare = prepare
         self.link_options = link_options if link_options is not None else LinkOptions()
         self._on_state = on_state
         self._on_session_state = on_session_state
@@ -155,6 +174,8 @@ class WyomingSatelliteLink:
         self._wake_stream: WakeWordStream | None = None
         self._last_wake_ms: int | None = None  # stream audio position of the last wake
         self._segmenter: UtteranceSegmenter | None = None
+        # The mic stream's DSP (AEC, gate, VAD) off the event loop, one per link.
+        self._dsp = DspWorker(f"rtvoice dsp {self.name}")
         self._audio_open = False  # audio-start sent, audio-stop not yet
         self._stop_task: asyncio.Task[None] | None = None  # audio-stop being written
         self._task: asyncio.Task[None] | None = None
@@ -185,8 +206,11 @@ class WyomingSatelliteLink:
 
     @property
     def session(self) -> DuplexSession | None:
-        """The live conversation's session, if any."""
-        return self.conversation.session if self.conversation is not None else None
+        """The live session, if any (None while the conversation is idle)."""
+        conversation = self.conversation
+        if conversation is None or conversation.ended:
+            return None
+        return conversation.session
 
     @property
     def last_session(self) -> DuplexSession | None:
@@ -199,7 +223,7 @@ class WyomingSatelliteLink:
         await self._connected.wait()
 
     async def aclose(self) -> None:
-        """Disconnect and end the conversation; no task is left. Idempotent."""
+        """Disconnect and close the conversation; no task is left. Idempotent."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
@@ -207,10 +231,12 @@ class WyomingSatelliteLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         # A cancelled _run() may have left its cleanup to us.
-        await self._end_session()
+        await self._close_conversation()
+        await self._audio_stop()
         while self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await self._disconnect()
+        await self._dsp.aclose()
         await self._close_wake_stream()
         self._set_state(LinkState.CLOSED)
 
@@ -236,9 +262,14 @@ class WyomingSatelliteLink:
                 )
             finally:
                 self._connected.clear()
-                # The conversation first: on a deliberate close its audio-stop
-                # still reaches the satellite (which then closes its speaker).
-                await self._end_session()
+                # The session first: on a deliberate close its audio-stop still
+                # reaches the satellite (which then closes its speaker).
+                if self._closed:
+                    await self._close_conversation()
+                else:
+                    self._set_state(LinkState.DISCONNECTED)
+                    self._end_session()  # the conversation waits, idle
+                await self._audio_stop()
                 await self._disconnect()
             self.stats.disconnects += 1
             self._set_state(LinkState.DISCONNECTED)
@@ -316,7 +347,7 @@ class WyomingSatelliteLink:
         self.stats.mic_chunks += 1
         pcm = self._converter.convert(chunk).audio
         conversation = self.conversation
-        if conversation is not None:
+        if conversation is not None and not conversation.ended:
             conversation.session.feed_mic(pcm)
         stream = self._wake_stream
         if stream is None or not stream.feed(pcm):
@@ -343,15 +374,23 @@ class WyomingSatelliteLink:
                 return
 
     async def _wake_detected(self) -> None:
+        """Take a wake word: barge-in, a new session on the idle child, or a new child."""
         conversation = self.conversation
         if conversation is not None and not conversation.ended:
             self.stats.wake_interrupts += 1
             conversation.session.wake_word_detected()
             return
         self.stats.wakes += 1
-        await self._open_session()
+        if conversation is not None and conversation.resume():
+            # Idle: a new session on the same child (no await since the check).
+            self.stats.resumed += 1
+            self._set_state(LinkState.CONVERSING)
+            if self._prepare is not None:
+                self._spawn(self._prepared(conversation.child_id), "prepare")
+            return
+        await self._open_conversation()
 
-    async def _open_session(self) -> None:
+    async def _open_conversation(self) -> None:
         if self._segmenter is None:
             # Loads and warms the VAD: blocking (in an executor), once per link.
             self._segmenter = await warm_segmenter()
@@ -361,44 +400,77 @@ class WyomingSatelliteLink:
             name=self.name,
             send=self._send_frame,
             segmenter=self._segmenter,
+            dsp=self._dsp,
             on_end=self._session_ended,
             on_state=self._session_state,
+            on_close=self._conversation_closed,
         )
+        try:
+            await self._prepared(conversation.child_id)
+        except BaseException:
+            await conversation.aclose()
+            raise
+        previous = self.conversation
         self.conversation = self.last_conversation = conversation
+        if previous is not None and previous is not conversation:
+            self._spawn(previous.aclose(), "end conversation")  # closing already
         self._set_state(LinkState.CONVERSING)
         if self._on_session_state is not None:
             self._on_session_state(conversation.session.state)
 
     def _session_ended(self) -> None:
-        """Return to the wake word: the session went silent after its last answer."""
-        task = asyncio.get_running_loop().create_task(
-            self._end_session(conversation=self.conversation),
-            name="rtvoice wyoming session end",
-        )
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        """Silence after the last answer: back to the wake word, the child waits."""
+        self._went_idle()
 
-    async def _end_session(
-        self, *, conversation: DuplexConversation | None = None
-    ) -> None:
-        """End ``conversation`` (default: the current one); a newer one is left alone.
+    def _end_session(self) -> None:
+        """End the live session (the satellite went away); the child waits, idle.
 
-        Closing the conversation stops its child: a running round is cut and what
-        was played stays acknowledged (the satellite went away or went silent).
+        The answer is cut at what was heard and the running round interrupted; a
+        reconnect and a wake word continue the conversation.
         """
-        if conversation is None:
-            conversation = self.conversation
-        if conversation is None:
+        conversation = self.conversation
+        if conversation is None or conversation.ended:
             return
+        conversation.end_session()
+        self._went_idle()
+
+    def _went_idle(self) -> None:
+        if self._on_session_state is not None:
+            self._on_session_state(None)
+        if self.state is LinkState.CONVERSING:
+            self._set_state(LinkState.WAITING_FOR_WAKE)
+
+    def _conversation_closed(self, conversation: DuplexConversation) -> None:
+        """Detach ``conversation`` (the idle timeout began its close); await the close."""
         if self.conversation is conversation:
             self.conversation = None
+        self._spawn(conversation.aclose(), "end conversation")
+
+    async def _close_conversation(self) -> None:
+        """Close the conversation (the link closes): child handed off, shielded."""
+        conversation, self.conversation = self.conversation, None
+        if conversation is None:
+            return
+        live = not conversation.ended
         await conversation.aclose()
-        if self.conversation is None:
-            await self._audio_stop()
-            if self._on_session_state is not None:
-                self._on_session_state(None)
-            if self._client is not None and not self._closed:
-                self._set_state(LinkState.WAITING_FOR_WAKE)
+        if live and self._on_session_state is not None:
+            self._on_session_state(None)
+
+    async def _prepared(self, child_id: str) -> None:
+        """Run ``prepare`` for the child; a failure leaves it without (logged)."""
+        if self._prepare is None:
+            return
+        try:
+            await self._prepare(child_id)
+        except Exception as err:  # noqa: BLE001 - the conversation still runs
+            _LOGGER.warning(
+                "Preparing conversation %s failed: %s", child_id, type(err).__name__
+            )
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"rtvoice {what}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     # --- speaker ----------------------------------------------------------------------
 
@@ -441,11 +513,13 @@ class WyomingSatelliteLink:
             self.stats.last_frame_sent_at = now
 
     async def _audio_stop(self) -> None:
-        if not self._audio_open:
-            return
-        self._audio_open = False
-        self.stats.stream_last_frame_at.append(self.stats.last_frame_sent_at)
-        await self._write_audio_stop()
+        """Close the satellite's audio stream, if open; wait for an audio-stop under way."""
+        if self._audio_open:
+            self._audio_open = False
+            self.stats.stream_last_frame_at.append(self.stats.last_frame_sent_at)
+            await self._write_audio_stop()
+        elif self._stop_task is not None and not self._stop_task.done():
+            await asyncio.shield(self._stop_task)
 
     async def _write_audio_stop(self) -> None:
         await self._write(AudioStop().event())

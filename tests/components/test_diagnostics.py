@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -21,12 +23,18 @@ from custom_components.rtvoice.const import (
     CONF_API_KEY,
     CONF_BASE_URL,
     CONF_BRAIN,
+    CONF_DUPLEX_SATELLITES,
+    CONF_ESPHOME_VERSION,
     CONF_MODEL,
+    CONF_NAME,
+    CONF_NOISE_PSK,
     CONF_PROMPT,
+    CONF_WYOMING_SATELLITES,
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
 )
 from custom_components.rtvoice.redact import safe_url
+from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant
 from tests.components.common import (
     PEER_API_KEY,
@@ -35,6 +43,7 @@ from tests.components.common import (
     openai_entry,
 )
 from tests.components.pipeline.helpers import QUIET_SATELLITE, SATELLITE, Home
+from tests.peers.esphome import EmulatedDevice
 from tests.peers.openai_server import OpenAIPeer, Text
 
 ENTRY_ID = "01JRTV0ICEDIAGN0ST1CS00000"
@@ -210,3 +219,70 @@ async def test_ha_agent_entry(
 def test_safe_url(url: str, expected: str) -> None:
     """User info, query and fragment are dropped; what is not a URL is redacted."""
     assert safe_url(url) == expected
+
+
+@pytest.mark.usefixtures("socket_enabled")
+async def test_duplex_and_wyoming_links(
+    hass: HomeAssistant,
+    hass_client: ClientSessionGenerator,
+    openai_peer: OpenAIPeer,
+) -> None:
+    """The satellites' links: connection and counters; the encryption key redacted.
+
+    A real (emulated) ESPHome device, encrypted, and a Wyoming satellite whose
+    port answers nothing (the link keeps trying).
+    """
+    async with EmulatedDevice(
+        name="kitchen-duplex", encrypted=True, esphome_version="2026.9.0"
+    ) as device:
+        with socket.socket() as sock:  # a free port: nothing listens there
+            sock.bind(("127.0.0.1", 0))
+            free_port = sock.getsockname()[1]
+        entry = openai_entry(
+            hass,
+            openai_peer,
+            options={
+                CONF_DUPLEX_SATELLITES: [
+                    {
+                        CONF_HOST: device.host,
+                        CONF_PORT: device.port,
+                        CONF_NOISE_PSK: device.noise_psk,
+                        CONF_NAME: "Kitchen duplex",
+                        # 2026.x never answers a login: connect without one.
+                        CONF_ESPHOME_VERSION: "2026.9.0",
+                    }
+                ],
+                CONF_WYOMING_SATELLITES: [
+                    {CONF_HOST: "127.0.0.1", CONF_PORT: free_port, CONF_NAME: "Hall"}
+                ],
+            },
+        )
+        await async_load_entry(hass, entry)
+        [link] = entry.runtime_data.duplex.links.values()
+        async with asyncio.timeout(30):  # a safety net, not a pass condition
+            await link.wait_connected()
+        diagnostics = await get_diagnostics_for_config_entry(hass, hass_client, entry)
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+    assert device.noise_psk is not None
+    assert device.noise_psk not in json.dumps(diagnostics)
+    [stored] = diagnostics["entry"]["options"][CONF_DUPLEX_SATELLITES]
+    assert stored[CONF_NOISE_PSK] == "**REDACTED**"
+    runtime = diagnostics["runtime"]
+    [duplex] = runtime["duplex_satellites"]
+    assert duplex == {
+        "key": f"{device.host}:{device.port}",
+        "available": True,
+        "esphome_version": "2026.9.0",
+        "login": False,
+        "answer_output": "api_audio",
+        "last_error": None,
+        "conversation": None,
+    }
+    [wyoming] = runtime["wyoming_satellites"]
+    assert wyoming["key"] == f"127.0.0.1:{free_port}"
+    assert wyoming["connected"] is False
+    assert wyoming["state"] in {"connecting", "disconnected"}
+    assert wyoming["held_by_wyoming_integration"] is False
+    assert wyoming["stats"]["connects"] == 0
+    assert wyoming["conversation"] is None

@@ -19,17 +19,21 @@ from contextlib import asynccontextmanager
 from ipaddress import ip_address
 import logging
 from pathlib import Path
+import socket
 from typing import Any
 
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.typing import WebSocketGenerator
 
 from custom_components.rtvoice.audio.wakeword import (
+    MODELS,
     WakeWordEngine,
     WakeWordUnavailableError,
 )
 from custom_components.rtvoice.const import (
     CONF_BARGE_IN,
+    CONF_ECHO_CANCELLATION,
     CONF_END_SILENCE,
     CONF_NAME,
     CONF_PROMPT,
@@ -41,6 +45,7 @@ from custom_components.rtvoice.const import (
 from custom_components.rtvoice.runtime import RtVoiceConfigEntry
 from custom_components.rtvoice.wyoming_link import WyomingSatelliteLink
 from homeassistant.components.assist_pipeline.pipeline import (
+    async_create_default_pipeline,
     async_get_pipeline,
     async_update_pipeline,
 )
@@ -49,19 +54,27 @@ from homeassistant.config_entries import (
     SOURCE_ZEROCONF,
     ConfigEntryState,
 )
-from homeassistant.const import CONF_HOST, CONF_PORT, STATE_UNAVAILABLE
+from homeassistant.const import CONF_HOST, CONF_PORT, STATE_ON, STATE_UNAVAILABLE
 from homeassistant.core import Event, EventStateChangedData, HomeAssistant, callback
 from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import (
     device_registry as dr,
     entity_registry as er,
+    intent,
     issue_registry as ir,
 )
 from homeassistant.helpers.event import async_track_state_change_event
 from homeassistant.helpers.service_info.zeroconf import ZeroconfServiceInfo
-from tests.components.common import async_load_entry, openai_entry
+from tests.components.common import (
+    BED,
+    async_load_entry,
+    async_setup_demo_entry,
+    async_unload_demo_entry,
+    openai_entry,
+)
 from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
-from tests.peers.openai_server import OpenAIPeer, Text, WaitFor
+from tests.components.pipeline.helpers import GatedBedLightOn
+from tests.peers.openai_server import OpenAIPeer, Text, ToolCall, WaitFor
 from tests.peers.speech import speech_tools_available
 from tests.peers.wyoming_satellite import (
     Microphone,
@@ -128,7 +141,9 @@ async def satellite_rig(sat_python: str) -> AsyncIterator[WyomingSatellite]:
 
 
 @asynccontextmanager
-async def speech_pipeline(hass: HomeAssistant) -> AsyncIterator[None]:
+async def speech_pipeline(
+    hass: HomeAssistant,
+) -> AsyncIterator[tuple[WyomingSttServer, WyomingTtsServer]]:
     """Set up the Wyoming speech servers via HA's wyoming integration as engines."""
     async with (
         WyomingSttServer(phrases=PHRASES) as stt_server,
@@ -145,7 +160,7 @@ async def speech_pipeline(hass: HomeAssistant) -> AsyncIterator[None]:
             tts_language="en",
         )
         try:
-            yield
+            yield stt_server, tts_server
         finally:
             for unload in (stt_entry, tts_entry):
                 if unload.state is ConfigEntryState.LOADED:
@@ -632,3 +647,296 @@ async def test_repair_while_the_wyoming_integration_holds_it(
     await hass.config_entries.async_remove(unrelated.entry_id)
     assert await hass.config_entries.async_unload(entry.entry_id)
     await hass.async_block_till_done()
+
+
+# --- settings, wake word, pipeline ---------------------------------------------------
+
+
+async def test_wyoming_settings_are_stored(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The per-satellite settings form (shared with ESPHome) adds the wake word."""
+    first = {CONF_HOST: "127.0.0.1", CONF_PORT: 10700, CONF_NAME: "one"}
+    second = {CONF_HOST: "127.0.0.2", CONF_PORT: 10700, CONF_NAME: "two"}
+    entry = openai_entry(
+        hass, openai_peer, options={CONF_WYOMING_SATELLITES: [first, second]}
+    )
+    menu = await hass.config_entries.options.async_init(entry.entry_id)
+    assert "configure_wyoming" in menu["menu_options"]
+    pick = await hass.config_entries.options.async_configure(
+        menu["flow_id"], {"next_step_id": "configure_wyoming"}
+    )
+    assert pick["step_id"] == "configure_wyoming"
+    form = await hass.config_entries.options.async_configure(
+        pick["flow_id"], {"satellite": "127.0.0.2:10700"}
+    )
+    assert form["type"] is FlowResultType.FORM
+    assert form["step_id"] == "wyoming_settings"
+    assert form["description_placeholders"]["name"] == "two (127.0.0.2)"
+    fields = {str(key): key for key in form["data_schema"].schema}
+    assert set(fields) == {
+        CONF_BARGE_IN,
+        CONF_ECHO_CANCELLATION,
+        CONF_END_SILENCE,
+        CONF_WAKE_WORD,
+    }
+    result = await hass.config_entries.options.async_configure(
+        form["flow_id"],
+        {
+            CONF_BARGE_IN: "vad",
+            CONF_ECHO_CANCELLATION: False,
+            CONF_END_SILENCE: 12,
+            CONF_WAKE_WORD: "alexa",
+        },
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert entry.options[CONF_WYOMING_SATELLITES] == [
+        first,
+        {
+            **second,
+            CONF_BARGE_IN: "vad",
+            CONF_ECHO_CANCELLATION: False,
+            CONF_END_SILENCE: 12,
+            CONF_WAKE_WORD: "alexa",
+        },
+    ]
+
+
+async def test_wake_word_configuration_of_the_entity(
+    hass: HomeAssistant,
+    hass_ws_client: WebSocketGenerator,
+    openai_peer: OpenAIPeer,
+) -> None:
+    """The bundled models and "on the satellite"; choosing one stores it, reloads."""
+    with socket.socket() as sock:  # nothing listens there: the link keeps trying
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stored = {
+        CONF_HOST: "127.0.0.1",
+        CONF_PORT: port,
+        CONF_NAME: "hall",
+        CONF_WAKE_WORD: "hey_jarvis",
+    }
+    entry = openai_entry(hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]})
+    await async_load_entry(hass, entry)
+    entity_id = entity_of(hass, entry, "assist_satellite")
+    select = entity_of(hass, entry, "select")
+    client = await hass_ws_client(hass)
+    await client.send_json_auto_id(
+        {"type": "assist_satellite/get_configuration", "entity_id": entity_id}
+    )
+    config = (await client.receive_json())["result"]
+    ids = [w["id"] for w in config["available_wake_words"]]
+    assert ids == [*(m.id for m in MODELS), "satellite"]
+    assert config["active_wake_words"] == ["hey_jarvis"]
+    assert config["max_active_wake_words"] == 1
+    assert config["pipeline_entity_id"] == select
+    registry = er.async_get(hass)
+    assert (
+        registry.async_get(select).device_id  # type: ignore[union-attr]
+        == registry.async_get(entity_id).device_id  # type: ignore[union-attr]
+    )
+
+    await client.send_json_auto_id(
+        {
+            "type": "assist_satellite/set_wake_words",
+            "entity_id": entity_id,
+            "wake_word_ids": ["satellite"],
+        }
+    )
+    assert (await client.receive_json())["success"]
+    await hass.async_block_till_done()  # the entry reloads with it
+    assert entry.options[CONF_WYOMING_SATELLITES] == [
+        {**stored, CONF_WAKE_WORD: "satellite"}
+    ]
+    assert entry.state is ConfigEntryState.LOADED
+    link = the_link(entry)
+    assert link._wake is None  # noqa: SLF001 - only the satellite's detection wakes it
+    await client.send_json_auto_id(
+        {"type": "assist_satellite/get_configuration", "entity_id": entity_id}
+    )
+    config = (await client.receive_json())["result"]
+    assert config["active_wake_words"] == ["satellite"]
+    assert await hass.config_entries.async_unload(entry.entry_id)
+    await hass.async_block_till_done()
+
+
+async def test_pipeline_select_chooses_the_speech_engines(
+    hass: HomeAssistant, tmp_path: Path, openai_peer: OpenAIPeer
+) -> None:
+    """The satellite's pipeline select: its STT and TTS serve the conversations."""
+    hass.config.config_dir = str(tmp_path)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stored = {CONF_HOST: "127.0.0.1", CONF_PORT: port, CONF_NAME: "hall"}
+    async with (
+        speech_pipeline(hass) as (first_stt, first_tts),
+        WyomingSttServer(phrases=PHRASES) as second_stt,
+        WyomingTtsServer() as second_tts,
+    ):
+        stt_entry = await add_wyoming_service(hass, second_stt.port)
+        tts_entry = await add_wyoming_service(hass, second_tts.port)
+        second = await async_create_default_pipeline(
+            hass,
+            entity_of(hass, stt_entry, "stt"),
+            entity_of(hass, tts_entry, "tts"),
+            "Second",
+        )
+        assert second is not None
+        entry = openai_entry(
+            hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]}
+        )
+        await async_load_entry(hass, entry)
+        select = entity_of(hass, entry, "select")
+        assert hass.states.get(select).state == "preferred"  # type: ignore[union-attr]
+        binding = the_link(entry).binding
+        clip = await spoken(ASK_TIME)
+        assert await binding.stt(clip) == ASK_TIME
+        assert len(first_stt.requests) == 1
+        await hass.services.async_call(
+            "select",
+            "select_option",
+            {"entity_id": select, "option": "Second"},
+            blocking=True,
+        )
+        assert await binding.stt(clip) == ASK_TIME
+        assert len(second_stt.requests) == 1
+        assert len(first_stt.requests) == 1
+        audio = b"".join([chunk async for chunk in binding.tts("It is noon.")])
+        assert audio
+        assert [r.text for r in second_tts.requests] == ["It is noon."]
+        assert first_tts.requests == []
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        for unload in (stt_entry, tts_entry):
+            await hass.config_entries.async_unload(unload.entry_id)
+        await hass.async_block_till_done()
+
+
+# --- the conversation outlives barge-in, device actions and the satellite ------------
+
+
+async def test_device_action_during_barge_in_completes(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,
+    wake_available: None,
+) -> None:
+    """The user talks while a device action runs: it completes, then the answer.
+
+    The action is a real intent (a real Assist API tool) held inside HA by a gate.
+    """
+    hass.config.config_dir = str(tmp_path)
+    slow = GatedBedLightOn()
+    intent.async_register(hass, slow)
+    demo_entry = await async_setup_demo_entry(hass)
+    async with (
+        speech_pipeline(hass) as (stt_server, _tts),
+        satellite_rig(sat_python) as satellite,
+    ):
+        entry = openai_entry(
+            hass,
+            openai_peer,
+            options={
+                CONF_WYOMING_SATELLITES: [
+                    stored_satellite(
+                        satellite, **{CONF_BARGE_IN: "vad", CONF_END_SILENCE: 20}
+                    )
+                ]
+            },
+        )
+        await async_load_entry(hass, entry)
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        openai_peer.enqueue(
+            Text("One moment! "), ToolCall("call_slow", slow.intent_type, "{}")
+        )
+        openai_peer.enqueue(Text("It is noon."))
+        await say(satellite, WAKE)
+        await say(satellite, ASK_LIGHTS)
+        await wait(slow.started.wait(), SAFETY)  # the tool runs inside HA now
+        first = await wait(satellite.speaker.wait_for_playback(1, ended=False), SAFETY)
+        heard_before = len(stt_server.requests)
+        await say(satellite, ASK_TIME)  # over "One moment!" or right after it
+        request = await wait(stt_server.wait_for_request(heard_before + 1), SAFETY)
+        assert request.transcript == ASK_TIME
+        await wait(first.ended.wait(), SAFETY)  # its stream was cut (audio-stop)
+        assert hass.states.get(BED).state != STATE_ON  # still held
+        assert len(openai_peer.requests) == 1
+        slow.gate.set()
+        await wait(openai_peer.wait_for_request(2), SAFETY)
+        assert hass.states.get(BED).state == STATE_ON  # the action completed
+        messages = openai_peer.requests[1].messages
+        assert [m["role"] for m in messages if m["role"] == "tool"] == ["tool"]
+        assert messages[-1]["content"] == ASK_TIME
+        second = await wait(satellite.speaker.wait_for_playback(2), SAFETY)
+        assert await link.binding.stt(bytes(second.pcm)) == NOON
+        session = link.session
+        assert session is not None and session.stats.barge_ins == 1
+        assert link.stats.conversations == 1
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+    await async_unload_demo_entry(hass, demo_entry)
+
+
+async def test_satellite_restarted_mid_conversation_continues_it(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,
+    wake_available: None,
+) -> None:
+    """Killed while answering: unavailable, then back; the next wake word continues.
+
+    The second request comes from the same kernel child (its history holds the
+    first request); the entity went unavailable and came back by itself.
+    """
+    hass.config.config_dir = str(tmp_path)
+    async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
+        entry = openai_entry(
+            hass,
+            openai_peer,
+            options={
+                CONF_WYOMING_SATELLITES: [
+                    stored_satellite(satellite, **{CONF_END_SILENCE: 20})
+                ]
+            },
+        )
+        await async_load_entry(hass, entry)
+        entity_id = entity_of(hass, entry, "assist_satellite")
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        hold = asyncio.Event()
+        openai_peer.enqueue(Text(STORY[:100]), WaitFor(hold))
+        openai_peer.enqueue(Text("It is noon."))
+        await say(satellite, WAKE)
+        await say(satellite, ASK_LIGHTS)
+        first = await wait(satellite.speaker.wait_for_playback(1, ended=False), SAFETY)
+        assert await wait_for_state(hass, entity_id, {"responding"}) == "responding"
+        conversation = link.conversation
+        assert conversation is not None
+        await satellite.kill()
+        assert await wait_for_state(hass, entity_id, {STATE_UNAVAILABLE})
+        request = await wait(openai_peer.wait_for_request(1), SAFETY)
+        await wait(request.disconnected.wait(), SAFETY)  # the round was cut
+        hold.set()
+        await wait(first.ended.wait(), SAFETY)
+        count = len(satellite.speaker.playbacks)
+        await satellite.start()
+        await wait(link.wait_connected(), SAFETY)
+        assert await wait_for_state(hass, entity_id, {"idle"}) == "idle"
+        await say(satellite, WAKE)
+        await wait_for_state(hass, entity_id, {"listening"})
+        await say(satellite, ASK_TIME)
+        playback = await wait(satellite.speaker.wait_for_playback(count + 1), SAFETY)
+        assert await link.binding.stt(bytes(playback.pcm)) == NOON
+        assert link.conversation is conversation  # the same child
+        assert link.stats.conversations == 1
+        second = openai_peer.requests[-1]
+        contents = [m.get("content") for m in second.messages]
+        assert contents[-1] == ASK_TIME
+        assert ASK_LIGHTS in contents
+        assert await hass.config_entries.async_unload(entry.entry_id)
+        await hass.async_block_till_done()
+        assert rtvoice_tasks() == []

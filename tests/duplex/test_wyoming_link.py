@@ -227,6 +227,7 @@ async def rig(
     *,
     barge_in: BargeIn = BargeIn.VAD,
     end_silence_ms: int = 20000,
+    idle_timeout_s: float = 300.0,
 ) -> AsyncIterator[Rig]:
     """Run every peer and a started link; tear all down, checking no task is left."""
     tools = Tools()
@@ -251,6 +252,7 @@ async def rig(
             tts=wyoming_tts(tts.host, tts.port),
             options=DuplexOptions(barge_in=barge_in, end_silence_ms=end_silence_ms),
             round_ends=round_ends,
+            idle_timeout_s=idle_timeout_s,
         )
         link = WyomingSatelliteLink(
             satellite.host,
@@ -281,6 +283,7 @@ async def rig(
         finally:
             await link.aclose()
             assert link.idle
+            assert link._dsp.closed  # noqa: SLF001 - the link's worker went with it
             await kernel.close_all()
             await provider.close()
 
@@ -332,8 +335,14 @@ async def test_wake_utterance_answer(sat_python, wake_engine) -> None:
         assert assistant_texts(r) == ["The kitchen lights are on."]
 
 
-async def test_silence_returns_to_the_wake_word(sat_python, wake_engine) -> None:
-    """Silence after the answer ends the conversation; the next wake opens a new one."""
+async def test_silence_then_a_wake_word_continues_the_same_child(
+    sat_python, wake_engine
+) -> None:
+    """Silence ends the session; a wake word within the idle timeout resumes the child.
+
+    Between the two, the satellite waits for the wake word (speech is not heard);
+    the model's second request holds the first turn.
+    """
     async with rig(sat_python, wake_engine, end_silence_ms=3000) as r:
         r.peer.enqueue(Text("The kitchen lights are on."))
         r.peer.enqueue(Text("It is noon."))
@@ -342,18 +351,62 @@ async def test_silence_returns_to_the_wake_word(sat_python, wake_engine) -> None
         await say(r, ASK_LIGHTS)
         await r.speaker.wait_for_playback(1)
         first = r.link.last_session
+        conversation = r.link.conversation
+        assert conversation is not None
         mark = len(r.states.seen)
         await r.states.wait_for(LinkState.WAITING_FOR_WAKE, mark)
         assert r.link.session is None
         assert first is not None and first.state is SessionState.ENDED
+        assert conversation.idle  # the child waits for the next wake word
+        assert conversation.child_id in r.kernel.children()
         await say(r, ASK_TIME)  # no wake word: not heard
         await say(r, WAKE)
         await r.states.wait_for(LinkState.CONVERSING, mark)
         await say(r, ASK_TIME)
         second = await r.speaker.wait_for_playback(2)
         assert await r.recognise(bytes(second.pcm)) == NOON
+        assert r.link.conversation is conversation
+        assert conversation.sessions == 2
+        assert r.link.stats.conversations == 1
+        assert (r.link.stats.wakes, r.link.stats.resumed) == (2, 1)
+        request = await r.peer.wait_for_request(2)
+        contents = [m.get("content") for m in request.messages]
+        assert contents[-1] == ASK_TIME
+        assert contents.count(ASK_TIME) == 1  # the one said without a wake word: not
+        assert ASK_LIGHTS in contents
+        assert "The kitchen lights are on." in contents
+
+
+async def test_after_the_idle_timeout_a_wake_word_opens_a_new_child(
+    sat_python, wake_engine
+) -> None:
+    """The idle timeout closed the child (handed off); the next wake starts afresh."""
+    async with rig(
+        sat_python, wake_engine, end_silence_ms=3000, idle_timeout_s=0.0
+    ) as r:
+        r.peer.enqueue(Text("The kitchen lights are on."))
+        r.peer.enqueue(Text("It is noon."))
+        await say(r, WAKE)
+        await r.states.wait_for(LinkState.CONVERSING)
+        await say(r, ASK_LIGHTS)
+        await r.speaker.wait_for_playback(1)
+        first = r.link.conversation
+        assert first is not None
+        mark = len(r.states.seen)
+        await r.states.wait_for(LinkState.WAITING_FOR_WAKE, mark)
+        await say(r, WAKE)
+        await r.states.wait_for(LinkState.CONVERSING, mark)
+        second = r.link.conversation
+        assert second is not None and second is not first
+        assert first.closing
+        assert first.child_id not in r.kernel.children()
+        await say(r, ASK_TIME)
+        await r.speaker.wait_for_playback(2)
+        request = await r.peer.wait_for_request(2)
+        contents = [m.get("content") for m in request.messages]
+        assert ASK_LIGHTS not in contents
         assert r.link.stats.conversations == 2
-        assert len(r.peer.requests) == 2
+        assert r.link.stats.resumed == 0
 
 
 async def test_utterance_during_answer_cuts_it_and_is_answered(
@@ -452,7 +505,11 @@ async def test_device_action_runs_then_completes(sat_python, wake_engine) -> Non
 async def test_satellite_killed_and_restarted_mid_conversation(
     sat_python, wake_engine
 ) -> None:
-    """The satellite dies while answering: the round stops, the link reconnects, works."""
+    """The satellite dies while answering: the round stops, the session ends.
+
+    The conversation waits: after the restart a wake word continues the same
+    child, whose history holds the first request.
+    """
     async with rig(sat_python, wake_engine) as r:
         hold = asyncio.Event()
         r.peer.enqueue(Text(STORY[:100]), WaitFor(hold))
@@ -462,12 +519,15 @@ async def test_satellite_killed_and_restarted_mid_conversation(
         await say(r, ASK_LIGHTS)
         first = await r.speaker.wait_for_playback(1, ended=False)
         session = r.link.session
+        conversation = r.link.conversation
         assert session is not None and session.state is SessionState.SPEAKING
+        assert conversation is not None
         mark = len(r.states.seen)
         await r.satellite.kill()
         await r.states.wait_for(LinkState.DISCONNECTED, mark)
         assert r.link.session is None
         assert session.state is SessionState.ENDED
+        assert conversation.idle and r.link.conversation is conversation
         request = await r.peer.wait_for_request(1)
         await request.disconnected.wait()  # the round was interrupted
         hold.set()
@@ -481,3 +541,15 @@ async def test_satellite_killed_and_restarted_mid_conversation(
         playback = await r.speaker.wait_for_playback(count + 1)
         assert await r.recognise(bytes(playback.pcm)) == NOON
         assert r.link.stats.connects == 2
+        assert r.link.conversation is conversation  # the same child
+        assert r.link.stats.conversations == 1
+        second = await r.peer.wait_for_request(2)
+        contents = [m.get("content") for m in second.messages]
+        assert contents[-1] == ASK_TIME
+        assert ASK_LIGHTS in contents
+        heard = [
+            m["content"]
+            for m in second.messages
+            if m["role"] == "assistant" and m.get("content")
+        ]
+        assert all(STORY[:100] not in text for text in heard)  # only what was heard
