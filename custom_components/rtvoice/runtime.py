@@ -73,8 +73,10 @@ class RtVoiceRuntime:
         Safe to call twice (HA stopping, then the entry unloading).
         """
         await self.control.async_shutdown()
-        await self.sessions.async_shutdown()
+        # Duplex conversations first: each closes its own kernel child (hand-off);
+        # the sessions' shutdown would close them under it otherwise.
         await self.duplex.async_stop()
+        await self.sessions.async_shutdown()
         self.satellites.async_stop()
 
 
