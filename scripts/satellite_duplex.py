@@ -368,7 +368,9 @@ class DuplexConsole:
         if at is None or answer is None:
             return
         heard = answer.received / BYTES_PER_SECOND
-        if self._input_at is not None and self._input_at > answer.started_at:
+        if heard >= answer.seconds - 0.15:
+            self._finish_answer()  # all of it played
+        elif self._input_at is not None and self._input_at > answer.started_at:
             after = (at - self._input_at) * 1e3
             answer.stopped_at = at
             answer.pauses += 1
@@ -377,8 +379,7 @@ class DuplexConsole:
                 f" ({after:.0f} ms after your {self._input_what} began)",
                 at,
             )
-        elif heard >= answer.seconds - 0.15:
-            self._finish_answer()
+        # else: the next sentence is still being synthesised
 
     def _finish_answer(self) -> None:
         answer = self._answer

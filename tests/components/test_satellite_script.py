@@ -12,6 +12,7 @@ and offline speech servers are real peers on 127.0.0.1. Nothing is mocked.
 from __future__ import annotations
 
 from pathlib import Path
+import socket
 import wave
 
 import pytest
@@ -136,3 +137,103 @@ async def test_duplex_mode_talks_over_an_answer(
     assert len(satellites) == 1
     # The preferred pipeline was switched for the run and switched back.
     assert [p.name for p in async_get_pipelines(hass)].count("Virtual satellite") == 1
+
+
+def free_port() -> int:
+    """Return a port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def run_script(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``scripts/satellite`` with ``argv``; what it printed (exit code 0)."""
+    code = await satellite.main(satellite.parse_args(argv))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return out
+
+
+async def test_rerun_with_echo_reuses_the_satellite(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    served: tuple[MockConfigEntry, list[str]],
+    openai_peer: OpenAIPeer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A second run (its mic hearing its own speaker) reuses the stored satellite.
+
+    In ``wake_word`` mode the echo of the answer never interrupts it: the answer
+    is heard whole, no stop is printed.
+    """
+    entry, connect = served
+    openai_peer.enqueue(Text("The kitchen lights are on."))
+    openai_peer.enqueue(Text(LONG))
+    # Fixed ports, as a developer's runs have (the Wyoming entries are reused).
+    ports = [str(free_port()), str(free_port())]
+    common = [*connect, "--duplex", "--stt-port", ports[0], "--tts-port", ports[1]]
+    common += ["--wav", str(tmp_path / "answer.wav")]
+    await run_script([*common, "--say", "turn on the kitchen lights"], capsys)
+    out = await run_script(
+        [*common, "--echo", "--say", "turn on the kitchen lights"], capsys
+    )
+
+    assert "echo 0.5x after 120 ms" in out
+    assert "answer audio stops" not in out
+    assert "answer heard whole" in out
+    assert len(entry.options[CONF_DUPLEX_SATELLITES]) == 1
+    satellites = [
+        e.entity_id
+        for e in er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
+        if e.domain == "assist_satellite"
+    ]
+    assert len(satellites) == 1
+    assert len(openai_peer.requests) == 2
+
+
+async def test_cough_and_the_barge_in_setting(
+    tmp_path: Path,
+    served: tuple[MockConfigEntry, list[str]],
+    openai_peer: OpenAIPeer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--barge-in vad`` and a cough while the answer plays.
+
+    Where Home Assistant stores and applies the setting, the cough pauses the
+    answer and it resumes; where it offers no such setting, a note says so, the
+    satellite stays in ``wake_word`` mode and the cough changes nothing. Either
+    way the answer is heard whole and the model is asked once.
+    """
+    _, connect = served
+    openai_peer.enqueue(Text(LONG))
+    out = await run_script(
+        [
+            *connect,
+            "--duplex",
+            "--stt-port",
+            "0",
+            "--tts-port",
+            "0",
+            "--wav",
+            str(tmp_path / "answer.wav"),
+            "--barge-in",
+            "vad",
+            "--say",
+            "turn on the kitchen lights",
+            "--say",
+            "/wait playing",
+            "--say",
+            "/cough",
+        ],
+        capsys,
+    )
+    if "barge-in mode vad" in out:
+        assert "answer audio stops at" in out
+        assert "ms after your noise began" in out
+        assert "answer audio resumes after" in out
+    else:
+        assert "--barge-in vad is not stored" in out
+        assert "noise never pauses an answer" in out
+        assert "answer audio stops" not in out
+    assert "answer heard whole" in out
+    assert len(openai_peer.requests) == 1
