@@ -23,6 +23,12 @@ a real one (state, pipeline, wake word, mute switch, media player).
 
 Recognition is for known phrases only (a grammar of ``--phrase``s, the demo's
 commands and what is said), not general speech recognition.
+
+``--duplex``: Realtime Voice owns the satellite instead (added in its entry's
+options, "Add an ESPHome satellite (duplex)", as a user does; HA's esphome
+satellite entity for the same device is disabled). The mic streams for the whole
+conversation and typed lines are spoken into it at once, also over an answer;
+``scripts/satellite_duplex.py`` prints what happens (docs/development.md).
 """
 
 from __future__ import annotations
@@ -485,9 +491,9 @@ async def store_barge_in(hass: Hass, entry_id: str, key: str, mode: str) -> bool
     base = "config/config_entries/options/flow"
     menu = await hass.rest("POST", base, {"handler": entry_id})
     await hass.rest("DELETE", f"{base}/{menu['flow_id']}")
-    known = {"settings", "add_duplex", "remove_duplex"}
+    known = {"settings", "add_duplex"}
     for option in menu.get("menu_options") or []:
-        if option in known:
+        if option in known or "remove" in option or "delete" in option:
             continue
         result = await hass.rest("POST", base, {"handler": entry_id})
         result = await hass.rest(
