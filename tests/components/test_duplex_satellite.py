@@ -463,8 +463,10 @@ async def duplex_rig(
             states.close()
             for unload in (entry, stt_entry, tts_entry):
                 if unload.state is ConfigEntryState.LOADED:
-                    await hass.config_entries.async_unload(unload.entry_id)
-            await hass.async_block_till_done()
+                    await wait(
+                        hass.config_entries.async_unload(unload.entry_id), SAFETY
+                    )
+            await wait(hass.async_block_till_done(), SAFETY)
     assert device.voice.errors == []
 
 
@@ -544,7 +546,7 @@ async def test_wake_word_barge_in_cuts_the_answer_and_answers_the_words(
             ("assistant", "All right.", False),
         ]
         answer = rig.device.playbacks[-1].pcm
-        assert await rig.link.binding.stt(answer) == ALL_RIGHT
+        assert await wait(rig.link.binding.stt(answer), SAFETY) == ALL_RIGHT
 
 
 @pytest.mark.xfail(
@@ -648,7 +650,8 @@ async def test_device_drops_mid_answer_and_comes_back(
         await rig.answer_playing(rig.device.mark())
         again = await rig.states.wait_for("responding", back + 1)
         await rig.states.wait_for("listening", again + 1)
-        assert await rig.link.binding.stt(rig.device.playbacks[-1].pcm) == ANSWER
+        heard = await wait(rig.link.binding.stt(rig.device.playbacks[-1].pcm), SAFETY)
+        assert heard == ANSWER
 
 
 async def test_unload_mid_answer_leaves_no_task(
