@@ -626,7 +626,14 @@ async def test_device_drops_mid_answer_and_comes_back(
     entity is idle again and the next wake word is answered.
     """
     closed: list[Event] = []
-    hass.bus.async_listen(EVENT_CONVERSATION_CLOSED, closed.append)
+    closed_event = asyncio.Event()
+
+    @callback
+    def on_closed(event: Event) -> None:
+        closed.append(event)
+        closed_event.set()
+
+    hass.bus.async_listen(EVENT_CONVERSATION_CLOSED, on_closed)
     openai_peer.enqueue(Text(LONG))
     openai_peer.enqueue(Text("The kitchen lights are on."))
     async with duplex_rig(hass, tmp_path, openai_peer) as rig:
@@ -641,7 +648,7 @@ async def test_device_drops_mid_answer_and_comes_back(
         back = await rig.states.wait_for("idle", gone + 1)
         await wait(rig.device.wait_for_voice_client(since), SAFETY)
         assert child not in rig.entry.runtime_data.kernel.children()
-        await hass.async_block_till_done()
+        await wait(closed_event.wait(), SAFETY)
         assert [e.data["id"] for e in closed] == [child]
         assert roles(rig.history(child))[0] == ("user", ASK, False)
 
