@@ -23,12 +23,19 @@ a real one (state, pipeline, wake word, mute switch, media player).
 
 Recognition is for known phrases only (a grammar of ``--phrase``s, the demo's
 commands and what is said), not general speech recognition.
+
+``--duplex``: Realtime Voice owns the satellite instead (added in its entry's
+options, "Add an ESPHome satellite (duplex)", as a user does; HA's esphome
+satellite entity for the same device is disabled). The mic streams for the whole
+conversation and typed lines are spoken into it at once, also over an answer;
+``scripts/satellite_duplex.py`` prints what happens (docs/development.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 from dataclasses import dataclass
 import itertools
 import os
@@ -42,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiohttp
 from yarl import URL
 
+from scripts.satellite_duplex import DuplexConsole
 from tests.peers.esphome import EmulatedDevice, EventType, Run
 from tests.peers.speech import speak
 from tests.peers.wyoming_speech import (
@@ -67,6 +75,25 @@ name at the bottom left, or http://localhost:8123/profile/security), tab
 "Security", "Long-lived access tokens", "Create token"; copy it once shown.
 Pass it as --token or in the environment variable HASS_TOKEN."""
 RUN_TIMEOUT = 60.0  # seconds: a safety net for one spoken request
+FLOW = "config/config_entries/flow"
+DEVICE_IDENTITY: dict[str, Any] = {
+    "name": "virtual-satellite",
+    "friendly_name": "Virtual Satellite",
+    "mac_address": "02:00:00:5A:7E:01",
+    "model": "Virtual satellite (scripts/satellite)",
+    "manufacturer": "Realtime Voice",
+}
+DUPLEX_FIRMWARE = "2026.9.0"  # plays raw API audio while the mic streams
+BARGE_IN_MODES = ("vad", "wake_word", "off")
+DEFAULT_BARGE_IN = "wake_word"  # custom_components/rtvoice/const.py
+DUPLEX_HELP = """\
+Type a phrase and Enter to say it, also while an answer plays (Ctrl-D to quit):
+  TEXT             say it (the wake word first when the satellite is idle, and in
+                   wake_word/off mode while an answer plays: that talks over it)
+  /wake [TEXT]     the wake word, then TEXT
+  /cough           250 ms of noise into the mic (vad mode: pauses, then resumes)
+  /wait            until the answer has played;  /wait playing: until it plays
+  /sleep SECONDS   /quit"""
 
 
 class HassError(Exception):
@@ -121,19 +148,21 @@ class Hass:
         if self._ws is not None:
             await self._ws.close()
 
-    async def flow(self, handler: str, *steps: dict[str, Any]) -> dict[str, Any]:
-        """Run a config flow through ``steps`` (stops early at its end)."""
-        result = await self.rest(
-            "POST", "config/config_entries/flow", {"handler": handler}
-        )
+    async def flow(
+        self, handler: str, *steps: dict[str, Any], options: bool = False
+    ) -> dict[str, Any]:
+        """Run a config flow (``options``: an entry's options flow) through ``steps``.
+
+        Stops early at its end; raises ``HassError`` when a step shows errors.
+        """
+        base = "config/config_entries/options/flow" if options else FLOW
+        result = await self.rest("POST", base, {"handler": handler})
         for step in steps:
             if result["type"] not in ("form", "menu"):
                 break
             if result.get("errors"):
                 raise HassError(f"{handler} flow: {result['errors']}")
-            result = await self.rest(
-                "POST", f"config/config_entries/flow/{result['flow_id']}", step
-            )
+            result = await self.rest("POST", f"{base}/{result['flow_id']}", step)
         if result.get("errors"):
             raise HassError(f"{handler} flow: {result['errors']}")
         done: dict[str, Any] = result
@@ -304,6 +333,8 @@ async def set_up(
     stt_entry = await ensure_wyoming(hass, STT_PROGRAM, stt_port)
     tts_entry = await ensure_wyoming(hass, TTS_PROGRAM, tts_port)
     agent_entity = await ensure_agent(hass, agent)
+    released = await release_esphome(hass, device, duplex=False)
+    note = "; ".join(n for n in (note, released) if n) or None
     esphome_entry = await ensure_esphome(hass, device)
     await asyncio.wait_for(device.wait_for_voice_client(), 30)
     entities: list[dict[str, Any]] = []
@@ -335,6 +366,326 @@ async def set_up(
         f"{hass.url}/config/devices/device/{device_id}",
         note,
     )
+
+
+# --------------------------------------------------------------------------- duplex
+
+
+@dataclass
+class DuplexSetup:
+    """What duplex mode added to Home Assistant."""
+
+    agent: str
+    entry_id: str
+    satellite: str
+    barge_in: str
+    notes: list[str]
+    restore_preferred: str | None  # the preferred pipeline to restore at exit
+
+
+async def wait_for_entities(
+    hass: Hass, wanted: dict[str, tuple[str, str, str]]
+) -> dict[str, str]:
+    """Entity ids by name once each (entry id, domain, unique id suffix) exists."""
+    for _ in range(50):  # registration follows a setup closely
+        entities = await hass.entities()
+        try:
+            return {name: entity_of(entities, *where) for name, where in wanted.items()}
+        except HassError:
+            await asyncio.sleep(0.2)
+    raise HassError(f"HA made no {', '.join(wanted)} entities")
+
+
+async def entry_of(hass: Hass, entity_id: str) -> str:
+    """Return the config entry id of ``entity_id``."""
+    for e in await hass.entities():
+        if e["entity_id"] == entity_id and e["config_entry_id"]:
+            return str(e["config_entry_id"])
+    raise HassError(f"{entity_id} belongs to no config entry")
+
+
+async def release_esphome(
+    hass: Hass, device: EmulatedDevice, *, duplex: bool
+) -> str | None:
+    """Let exactly one integration own the device's voice assistant.
+
+    Duplex: HA's ``esphome`` entry for the same device (an earlier pipeline-mode run)
+    must not own it: its satellite entity is disabled. Pipeline mode: enabled again
+    (and the entry reloaded). Returns a note when something changed.
+    """
+    names = {device.config.friendly_name, device.config.name}
+    entries = [e for e in await hass.entries("esphome") if e["title"] in names]
+    for entry in entries:
+        for e in await hass.entities():
+            if e["config_entry_id"] != entry["entry_id"] or not e[
+                "entity_id"
+            ].startswith("assist_satellite."):
+                continue
+            if duplex and e["disabled_by"] is None:
+                await hass.ws(
+                    "config/entity_registry/update",
+                    entity_id=e["entity_id"],
+                    disabled_by="user",
+                )
+                return (
+                    f"disabled {e['entity_id']} of HA's esphome integration: in"
+                    " duplex mode Realtime Voice owns the voice assistant"
+                )
+            if not duplex and e["disabled_by"] == "user":
+                await hass.ws(
+                    "config/entity_registry/update",
+                    entity_id=e["entity_id"],
+                    disabled_by=None,
+                )
+                await hass.rest(
+                    "POST", f"config/config_entries/entry/{entry['entry_id']}/reload"
+                )
+                return f"enabled {e['entity_id']} again (pipeline mode)"
+    return None
+
+
+def _form_fields(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f["name"]: f for f in result.get("data_schema") or []}
+
+
+def _choices(field: dict[str, Any]) -> list[str]:
+    options = ((field.get("selector") or {}).get("select") or {}).get("options") or []
+    return [str(o["value"] if isinstance(o, dict) else o) for o in options]
+
+
+async def add_duplex(
+    hass: Hass, entry_id: str, device: EmulatedDevice, barge_in: str | None
+) -> bool:
+    """Add the device to the entry as a duplex satellite (options flow, as a user).
+
+    A satellite with the same MAC is replaced (a re-run reuses it with the new
+    port). Returns whether ``barge_in`` was stored on the way (a form offering a
+    ``barge_in`` field).
+    """
+    user_input: dict[str, Any] = {"host": device.host, "port": device.port}
+    if device.noise_psk:
+        user_input["noise_psk"] = device.noise_psk
+    base = "config/config_entries/options/flow"
+    result = await hass.rest("POST", base, {"handler": entry_id})
+    result = await hass.rest(
+        "POST", f"{base}/{result['flow_id']}", {"next_step_id": "add_duplex"}
+    )
+    stored = False
+    if barge_in is not None and "barge_in" in _form_fields(result):
+        user_input["barge_in"] = barge_in
+        stored = True
+    result = await hass.rest("POST", f"{base}/{result['flow_id']}", user_input)
+    if result["type"] != "create_entry":
+        raise HassError(
+            f"adding the duplex satellite: {result.get('errors') or result}"
+        )
+    return stored
+
+
+async def store_barge_in(hass: Hass, entry_id: str, key: str, mode: str) -> bool:
+    """Store the satellite's barge-in mode through a settings form that offers it.
+
+    Looks through the options menu for a form with a ``barge_in`` field (choosing
+    this satellite where a field lists it); False when there is none.
+    """
+    base = "config/config_entries/options/flow"
+    menu = await hass.rest("POST", base, {"handler": entry_id})
+    await hass.rest("DELETE", f"{base}/{menu['flow_id']}")
+    known = {"settings", "add_duplex"}
+    for option in menu.get("menu_options") or []:
+        if option in known or "remove" in option or "delete" in option:
+            continue
+        result = await hass.rest("POST", base, {"handler": entry_id})
+        result = await hass.rest(
+            "POST", f"{base}/{result['flow_id']}", {"next_step_id": option}
+        )
+        found = False
+        for _ in range(3):  # pick the satellite, then its settings
+            if result["type"] != "form":
+                break
+            user_input: dict[str, Any] = {}
+            for name, field in _form_fields(result).items():
+                if name == "barge_in":
+                    user_input[name] = mode
+                    found = True
+                elif key in _choices(field):
+                    user_input[name] = [key] if field.get("multiple") else key
+            if not user_input:
+                break
+            result = await hass.rest("POST", f"{base}/{result['flow_id']}", user_input)
+        if result["type"] == "create_entry" and found:
+            return True
+        if result["type"] in ("form", "menu"):
+            await hass.rest("DELETE", f"{base}/{result['flow_id']}")
+    return False
+
+
+async def use_pipeline(
+    hass: Hass, device_id: str | None, pipeline_id: str
+) -> tuple[str | None, str]:
+    """Make the duplex satellite use the Virtual satellite pipeline.
+
+    Through a select of its device offering the pipeline when there is one; else
+    the duplex satellite follows the preferred pipeline, which is switched (and
+    switched back at exit). Returns (pipeline to restore, note).
+    """
+    if device_id is not None:
+        for e in await hass.entities():
+            if e["device_id"] != device_id or not e["entity_id"].startswith("select."):
+                continue
+            state = await hass.rest("GET", f"states/{e['entity_id']}")
+            if PIPELINE_NAME in state["attributes"].get("options", []):
+                await hass.rest(
+                    "POST",
+                    "services/select/select_option",
+                    {"entity_id": e["entity_id"], "option": PIPELINE_NAME},
+                )
+                return None, f"{e['entity_id']} set to {PIPELINE_NAME!r}"
+    listing = await hass.ws("assist_pipeline/pipeline/list")
+    preferred = listing.get("preferred_pipeline")
+    if preferred == pipeline_id:
+        return None, f"{PIPELINE_NAME!r} is the preferred pipeline"
+    await hass.ws("assist_pipeline/pipeline/set_preferred", pipeline_id=pipeline_id)
+    return preferred, (
+        f"duplex satellites use the preferred Assist pipeline's STT and TTS:"
+        f" {PIPELINE_NAME!r} is preferred while this runs (restored at exit)"
+    )
+
+
+async def set_up_duplex(
+    hass: Hass,
+    device: EmulatedDevice,
+    *,
+    stt_port: int,
+    tts_port: int,
+    agent: str | None,
+    barge_in: str | None,
+) -> DuplexSetup:
+    """Add (or reuse) the speech services, the agent's entry and the duplex satellite."""
+    notes: list[str] = []
+    stt_entry = await ensure_wyoming(hass, STT_PROGRAM, stt_port)
+    tts_entry = await ensure_wyoming(hass, TTS_PROGRAM, tts_port)
+    agent_entity = await ensure_agent(hass, agent)
+    entry_id = await entry_of(hass, agent_entity)
+    found = await wait_for_entities(
+        hass, {"stt": (stt_entry, "stt", ""), "tts": (tts_entry, "tts", "")}
+    )
+    pipeline_id = await ensure_pipeline(hass, found["stt"], found["tts"], agent_entity)
+    if note := await release_esphome(hass, device, duplex=True):
+        notes.append(note)
+    stored = await add_duplex(hass, entry_id, device, barge_in)
+    key = device.config.mac_address.lower()
+    await asyncio.wait_for(device.wait_for_voice_client(), 60)  # the entry reloaded
+    [satellite] = (
+        await wait_for_entities(
+            hass, {"satellite": (entry_id, "assist_satellite", f"-duplex-{key}")}
+        )
+    ).values()
+    if barge_in is not None and not stored:
+        stored = await store_barge_in(hass, entry_id, key, barge_in)
+        if not stored:
+            notes.append(
+                f"this Home Assistant offers no barge-in setting for duplex"
+                f" satellites yet: --barge-in {barge_in} is not stored; the"
+                f" satellite uses the default ({DEFAULT_BARGE_IN})"
+            )
+    mode = barge_in if barge_in is not None and stored else DEFAULT_BARGE_IN
+    if barge_in is None:
+        notes.append(
+            f"barge-in: the stored mode is assumed to be the default ({mode});"
+            " --barge-in sets it"
+        )
+    device_id = next(
+        (e["device_id"] for e in await hass.entities() if e["entity_id"] == satellite),
+        None,
+    )
+    restore, note = await use_pipeline(hass, device_id, pipeline_id)
+    notes.append(note)
+    return DuplexSetup(agent_entity, entry_id, satellite, mode, notes, restore)
+
+
+async def main_duplex(args: argparse.Namespace, token: str) -> int:
+    """Duplex mode: Realtime Voice owns the satellite; talk over its answers."""
+    phrases = list(dict.fromkeys([*DEFAULT_PHRASES, *args.phrase, *args.say]))
+    echo: dict[str, Any] = {}
+    if args.echo:
+        echo = {"echo_gain": args.echo_gain, "echo_delay_ms": args.echo_delay}
+    async with (
+        aiohttp.ClientSession() as session,
+        WyomingSttServer(phrases, port=args.stt_port) as stt_server,
+        WyomingTtsServer(port=args.tts_port) as tts_server,
+        EmulatedDevice(
+            **DEVICE_IDENTITY,
+            esphome_version=DUPLEX_FIRMWARE,  # plays raw API audio
+            **echo,
+        ) as device,
+    ):
+        hass = Hass(args.url, token, session)
+        try:
+            setup = await set_up_duplex(
+                hass,
+                device,
+                stt_port=stt_server.port,
+                tts_port=tts_server.port,
+                agent=args.agent,
+                barge_in=args.barge_in,
+            )
+        except (HassError, aiohttp.ClientError, TimeoutError) as err:
+            await hass.close()
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        try:
+            for note in setup.notes:
+                print(f"note: {note}")
+            echoes = (
+                f", echo {args.echo_gain:g}x after {args.echo_delay} ms"
+                if args.echo
+                else ""
+            )
+            print(
+                f"Duplex satellite {setup.satellite} (Realtime Voice entry of"
+                f" {setup.agent}) is connected to {hass.url}\n"
+                f"  barge-in mode {setup.barge_in}{echoes}; STT/TTS of"
+                f" {PIPELINE_NAME!r}"
+            )
+            return await converse(args, device, stt_server, tts_server, setup)
+        finally:
+            if setup.restore_preferred is not None:
+                with contextlib.suppress(HassError, aiohttp.ClientError):
+                    await hass.ws(
+                        "assist_pipeline/pipeline/set_preferred",
+                        pipeline_id=setup.restore_preferred,
+                    )
+            await hass.close()
+
+
+async def converse(
+    args: argparse.Namespace,
+    device: EmulatedDevice,
+    stt_server: WyomingSttServer,
+    tts_server: WyomingTtsServer,
+    setup: DuplexSetup,
+) -> int:
+    """Run the --say commands (then wait), or the typed ones."""
+    async with DuplexConsole(
+        device, stt_server, tts_server, barge_in=setup.barge_in, wav=Path(args.wav)
+    ) as console:
+        if args.say:
+            for line in args.say:
+                if not await console.command(line):
+                    break
+            else:
+                await console.wait()
+            print(f"  answer audio of the last answer: {args.wav}")
+            return 0 if console.answers_heard else 1
+        print(DUPLEX_HELP)
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "")
+            except EOFError:
+                return 0
+            if not await console.command(line):
+                return 0
 
 
 def write_wav(path: Path, device: EmulatedDevice) -> float | None:
@@ -430,18 +781,14 @@ async def main(args: argparse.Namespace) -> int:
     if not token:
         print(f"error: no token.\n{TOKEN_HELP}", file=sys.stderr)
         return 2
+    if args.duplex:
+        return await main_duplex(args, token)
     phrases = list(dict.fromkeys([*DEFAULT_PHRASES, *args.phrase, *args.say]))
     async with (
         aiohttp.ClientSession() as session,
         WyomingSttServer(phrases, port=args.stt_port, record=False) as stt_server,
         WyomingTtsServer(port=args.tts_port, record=False),
-        EmulatedDevice(
-            name="virtual-satellite",
-            friendly_name="Virtual Satellite",
-            mac_address="02:00:00:5A:7E:01",
-            model="Virtual satellite (scripts/satellite)",
-            manufacturer="Realtime Voice",
-        ) as device,
+        EmulatedDevice(**DEVICE_IDENTITY) as device,
     ):
         hass = Hass(args.url, token, session)
         try:
@@ -475,7 +822,8 @@ async def main(args: argparse.Namespace) -> int:
                 await say(device, stt_server, line.strip(), wav)
 
 
-def _parse() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Read the command line (``argv``, default: the process's)."""
     parser = argparse.ArgumentParser(
         prog="scripts/satellite",
         description=__doc__,
@@ -512,8 +860,42 @@ def _parse() -> argparse.Namespace:
     )
     parser.add_argument("--stt-port", type=int, default=10300)
     parser.add_argument("--tts-port", type=int, default=10200)
-    return parser.parse_args()
+    duplex = parser.add_argument_group(
+        "duplex mode",
+        "Realtime Voice owns the satellite (no esphome entry, no pipeline run): the"
+        " mic streams for the whole conversation and you can talk over an answer."
+        " Lines may be commands (/wake, /cough, /wait, /sleep, /quit), in --say too.",
+    )
+    duplex.add_argument(
+        "--duplex",
+        action="store_true",
+        help="add the satellite to the Realtime Voice entry of the agent as a duplex"
+        " satellite (its options flow, as a user does; reused on re-runs)",
+    )
+    duplex.add_argument(
+        "--barge-in",
+        choices=BARGE_IN_MODES,
+        help="store this barge-in mode for the satellite, where Home Assistant"
+        " offers the setting in the entry's options (otherwise a note says it was"
+        " not stored and the stored mode applies, by default wake_word)",
+    )
+    duplex.add_argument(
+        "--echo",
+        action="store_true",
+        help="the satellite's mic also hears its own speaker (echo)",
+    )
+    duplex.add_argument(
+        "--echo-gain", type=float, default=0.5, help="echo level (default 0.5)"
+    )
+    duplex.add_argument(
+        "--echo-delay",
+        type=int,
+        default=120,
+        metavar="MS",
+        help="speaker-to-mic delay of the echo (default 120 ms)",
+    )
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(_parse())))
+    sys.exit(asyncio.run(main(parse_args())))
