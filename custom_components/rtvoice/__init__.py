@@ -10,6 +10,7 @@ from homeassistant.helpers.typing import ConfigType
 from .const import DOMAIN
 from .control_api import async_register_control_api
 from .duplex_owner import async_watch_satellite_conflicts
+from .duplex_stream import async_register_streams
 from .runtime import RtVoiceConfigEntry, async_build_runtime
 from .services import async_setup_services
 
@@ -25,8 +26,9 @@ CONFIG_SCHEMA = cv.config_entry_only_config_schema(DOMAIN)
 
 
 async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
-    """Register the actions (they serve every entry)."""
+    """Register the actions and the answer-stream view (they serve every entry)."""
     async_setup_services(hass)
+    async_register_streams(hass)
     return True
 
 

@@ -242,13 +242,22 @@ DATA_STREAMS = "rtvoice_duplex_streams"
 
 
 @callback
-def async_stream_registry(hass: HomeAssistant) -> StreamRegistry:
-    """Return the registry of answer streams, serving it on first use."""
-    registry: StreamRegistry | None = hass.data.get(DATA_STREAMS)
-    if registry is None:
+def async_register_streams(hass: HomeAssistant) -> None:
+    """Serve answer streams (once, from the integration's ``async_setup``).
+
+    Registered when the integration is set up, as views are: a test server's
+    router takes no new routes once it started (HA's own never freezes).
+    """
+    if DATA_STREAMS not in hass.data:
         registry = StreamRegistry(lambda: get_url(hass))
         hass.data[DATA_STREAMS] = registry
         hass.http.register_view(DuplexStreamView(registry))
+
+
+def async_stream_registry(hass: HomeAssistant) -> StreamRegistry:
+    """Return the registry of answer streams (registered by ``async_setup``)."""
+    async_register_streams(hass)
+    registry: StreamRegistry = hass.data[DATA_STREAMS]
     return registry
 
 
