@@ -20,8 +20,11 @@ import pytest
 from custom_components.rtvoice.const import CONF_END_SILENCE
 from custom_components.rtvoice.tools import api_prompt_section
 from homeassistant.core import HomeAssistant
-from homeassistant.helpers import area_registry as ar, device_registry as dr
-from homeassistant.helpers import entity_registry as er
+from homeassistant.helpers import (
+    area_registry as ar,
+    device_registry as dr,
+    entity_registry as er,
+)
 from tests.components.common import KITCHEN, async_setup_demo_lights
 from tests.components.esphome_rig import spoken, wait
 from tests.components.test_duplex_entity import ASK, SAFETY, duplex_rig
@@ -34,24 +37,24 @@ API_PROMPT = "When controlling Home Assistant always call the intent tools."
 
 
 def tool_names(request: RecordedRequest) -> set[str]:
-    """Names of the tools a model request offers."""
+    """Return the names of the tools a model request offers."""
     return {tool["function"]["name"] for tool in request.tools or []}
 
 
 def system_prompt(request: RecordedRequest) -> str:
-    """The system message of a model request."""
+    """Return the system message of a model request."""
     system, *_ = request.messages
     assert system["role"] == "system"
     return str(system["content"])
 
 
 def turn_on_kitchen(call_id: str) -> ToolCall:
-    """The model asks Assist to turn on the Kitchen Lights."""
+    """Return the model's call asking Assist to turn on the Kitchen Lights."""
     return ToolCall(call_id, "HassTurnOn", json.dumps({"name": "Kitchen Lights"}))
 
 
 def tool_results(request: RecordedRequest) -> list[dict[str, Any]]:
-    """The tool messages a model request carries back."""
+    """Return the tool messages a model request carries back."""
     return [m for m in request.messages if m["role"] == "tool"]
 
 
@@ -85,9 +88,7 @@ async def test_duplex_satellite_switches_a_light_with_assist_tools(
     The close drops what was prepared (the API prompt section).
     """
     await async_setup_demo_lights(hass, kitchen_area="Kitchen")
-    async with duplex_rig(
-        hass, tmp_path, openai_peer, **{CONF_END_SILENCE: 1}
-    ) as rig:
+    async with duplex_rig(hass, tmp_path, openai_peer, **{CONF_END_SILENCE: 1}) as rig:
         place_satellite(hass, rig.satellite, "Kitchen")
         await light_off(hass)
         openai_peer.enqueue(turn_on_kitchen("call-1"))
