@@ -17,17 +17,36 @@ from typing import Any
 
 import pytest
 
-from custom_components.rtvoice.const import CONF_END_SILENCE
+from custom_components.rtvoice.const import CONF_END_SILENCE, CONF_WAKE_WORD, DOMAIN
 from custom_components.rtvoice.tools import api_prompt_section
+from homeassistant.const import CONF_HOST, CONF_PORT
 from homeassistant.core import HomeAssistant
+from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import (
     area_registry as ar,
     device_registry as dr,
     entity_registry as er,
 )
-from tests.components.common import KITCHEN, async_setup_demo_lights
-from tests.components.esphome_rig import spoken, wait
+from tests.components.common import (
+    KITCHEN,
+    async_load_entry,
+    async_setup_demo_lights,
+    openai_entry,
+)
+from tests.components.esphome_rig import entity_of, spoken, wait
 from tests.components.test_duplex_entity import ASK, SAFETY, duplex_rig
+from tests.components.test_wyoming_satellite import (
+    ASK_LIGHTS,
+    WAKE,
+    options_step,
+    sat_python,  # noqa: F401 - a fixture
+    satellite_rig,
+    say,
+    speech_pipeline,
+    the_link,
+    wait_for_state,
+    wake_available,  # noqa: F401 - a fixture
+)
 from tests.peers.esphome import EventType
 from tests.peers.openai_server import OpenAIPeer, RecordedRequest, Text, ToolCall
 
@@ -136,4 +155,69 @@ async def test_duplex_satellite_switches_a_light_with_assist_tools(
         section = api_prompt_section(conversation.child_id)
         assert section in {s.section for s in prompts.snapshot()}
         await rig.link.close_conversation(conversation)
+        assert section not in {s.section for s in prompts.snapshot()}
+
+
+async def test_wyoming_satellite_switches_a_light_with_assist_tools(
+    hass: HomeAssistant,
+    tmp_path: Path,
+    openai_peer: OpenAIPeer,
+    sat_python: str,  # noqa: F811 - the imported fixture
+    wake_available: None,  # noqa: F811 - the imported fixture
+) -> None:
+    """A Wyoming satellite's conversation gets Assist's tools for its device.
+
+    A real wyoming-satellite (the rig of ``test_wyoming_satellite``): the
+    model's first request lists HassTurnOn and carries the API prompt naming the
+    satellite's area; the scripted tool call switches the light on. The close
+    drops what was prepared.
+    """
+    hass.config.config_dir = str(tmp_path)  # the TTS cache is written there
+    await async_setup_demo_lights(hass, kitchen_area="Kitchen")
+    entry = await async_load_entry(hass, openai_entry(hass, openai_peer))
+    async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
+        result = await options_step(
+            hass,
+            entry,
+            "add_wyoming",
+            {
+                CONF_HOST: satellite.host,
+                CONF_PORT: satellite.port,
+                CONF_WAKE_WORD: "hey_jarvis",
+            },
+        )
+        assert result["type"] is FlowResultType.CREATE_ENTRY, result
+        await hass.async_block_till_done()  # the entry reloads with the satellite
+        entity_id = entity_of(hass, entry, "assist_satellite")
+        place_satellite(hass, entity_id, "Kitchen")
+        await light_off(hass)
+        link = the_link(entry)
+        await wait(link.wait_connected(), SAFETY)
+        openai_peer.enqueue(turn_on_kitchen("call-1"))
+        openai_peer.enqueue(Text("The kitchen lights are on."))
+        await say(satellite, WAKE)
+        await wait_for_state(hass, entity_id, {"listening"})
+        await say(satellite, ASK_LIGHTS)
+
+        first = await wait(openai_peer.wait_for_request(1), SAFETY)
+        assert "HassTurnOn" in tool_names(first)
+        assert API_PROMPT in system_prompt(first)
+        assert "You are in area Kitchen" in system_prompt(first)
+        after_call = await wait(openai_peer.wait_for_request(2), SAFETY)
+        [result_message] = tool_results(after_call)
+        assert "error" not in json.loads(result_message["content"])
+        assert hass.states.get(KITCHEN).state == "on"  # type: ignore[union-attr]
+
+        conversation = link.conversation
+        assert conversation is not None
+        prompts = entry.runtime_data.prompts
+        section = api_prompt_section(conversation.child_id)
+        assert section in {s.section for s in prompts.snapshot()}
+        await hass.services.async_call(
+            DOMAIN,
+            "stop_conversation",
+            {"conversation_id": conversation.child_id},
+            blocking=True,
+            return_response=True,
+        )
         assert section not in {s.section for s in prompts.snapshot()}
