@@ -10,7 +10,9 @@
   (ESPHome here, Wyoming in ``wyoming_ha``): the satellite's stored settings
   (barge-in mode, server-side echo cancellation, end silence) and the entry's
   conversation settings (the prompt template, rendered at every conversation
-  open; context window, tool turns, idle timeout, carry-over);
+  open; context window, tool turns, idle timeout, carry-over), and the hooks that
+  prepare the brain's turn (tools, LLM API prompt) at every session as for a
+  pipeline turn (the satellite's entity and device, its pipeline's language);
   ``with_entry_settings`` applies changed entry settings to a binding;
 - ``DuplexSatellites`` runs one ``EsphomeLink`` per stored satellite on the entry's
   kernel, indexes every conversation a link opens with the ``SessionManager`` (so
@@ -46,8 +48,8 @@ from aioesphomeapi import (
 from homeassistant.components import stt, tts
 from homeassistant.components.assist_pipeline import async_get_pipeline
 from homeassistant.components.assist_pipeline.select import get_chosen_pipeline
-from homeassistant.const import CONF_HOST, CONF_PORT
-from homeassistant.core import HomeAssistant, callback
+from homeassistant.const import CONF_HOST, CONF_PORT, MATCH_ALL
+from homeassistant.core import Context, HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr, entity_registry as er
 from homeassistant.helpers.device_registry import format_mac
@@ -255,8 +257,22 @@ def satellite_binding(
     The entry's prompt template is rendered at every conversation open (as for
     pipeline-mode conversations); its other settings are read now
     (``with_entry_settings`` when they change). ``choice``: the satellite's
-    pipeline (None: the preferred one) for speech.
+    pipeline (None: the preferred one) for speech and the turn's language.
+    Every session prepares the brain's turn (its tools and LLM API prompt) for
+    the satellite's entity (the prompt scope) and device, as a pipeline turn of
+    that satellite would; the child's turn is forgotten when it closes.
     """
+
+    async def prepare(child_id: str, scope: str | None) -> None:
+        await sessions.async_prepare_turn(
+            child_id,
+            context=Context(),
+            language=pipeline_language(hass, choice),
+            device_id=satellite_device_id(hass, scope),
+            satellite=scope,
+            prompt_scope=scope,
+        )
+
     return with_entry_settings(
         DuplexBinding(
             kernel=kernel,
@@ -266,6 +282,8 @@ def satellite_binding(
             round_ends=round_ends,
             echo=satellite_echo(name, conf),
             render_prompt=sessions.render_prompt,
+            prepare=prepare,
+            forget=sessions.forget_turn,
         ),
         sessions.settings,
     )
@@ -293,6 +311,26 @@ def satellite_device_id(hass: HomeAssistant, entity_id: str | None) -> str | Non
 
 
 # --------------------------------------------------------------------------- speech
+
+
+def pipeline_language(hass: HomeAssistant, choice: PipelineChoice | None) -> str:
+    """Return the language the chosen (else preferred) pipeline converses in.
+
+    As the pipeline's intent stage picks it: an agent for every language ("*")
+    takes the speech languages; an unknown pipeline: HA's language.
+    """
+    try:
+        pipeline = async_get_pipeline(hass, choice() if choice else None)
+    except HomeAssistantError:
+        return hass.config.language
+    if pipeline.conversation_language == MATCH_ALL:
+        return (
+            pipeline.stt_language
+            or pipeline.tts_language
+            or pipeline.language
+            or hass.config.language
+        )
+    return pipeline.conversation_language or hass.config.language
 
 
 def pipeline_stt(hass: HomeAssistant, choice: PipelineChoice | None = None) -> Any:

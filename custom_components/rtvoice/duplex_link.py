@@ -18,6 +18,13 @@ The conversation outlives the wake word (issue 10 §2, session end):
 - the idle timeout, or ``aclose``: the session and the child close (the transcript
   is handed off), once; ``on_close`` tells the link when the timeout did it.
   ``resume()`` refuses once the close has begun: the link opens a new conversation.
+
+The binding's ``prepare`` hook (HA: the brain's per-turn preparation, tools and
+API prompt) runs for every session: ``open`` awaits it, ``resume`` starts it as a
+task that the session's first transcription waits for (so its first push sees
+it; ``resume`` itself stays synchronous). A failed prepare is logged and the
+conversation goes on (with what was prepared before, if anything); the close
+cancels a running one, then the ``forget`` hook drops what was prepared.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+import functools
 import itertools
 import logging
 
@@ -80,7 +88,10 @@ class DuplexBinding:
     learns a round's end from its ticket's outcome. ``idle_timeout_s``: how long the
     child outlives its last session (0: it closes with the session).
     ``render_prompt`` (when set) makes the system prompt at every conversation
-    open instead of ``system_prompt`` (e.g. a template rendered now); the entry's
+    open instead of ``system_prompt`` (e.g. a template rendered now).
+    ``prepare(child_id, prompt_scope)`` (when set) runs before each session's
+    first push (e.g. the brain fetches the child's tools for this turn);
+    ``forget(child_id)`` once the child has closed. The entry's
     other conversation settings (context window, tool turns, carry-over) are
     plain fields: the adapter replaces the binding when they change.
     """
@@ -98,6 +109,8 @@ class DuplexBinding:
     idle_timeout_s: float = 300.0
     carry_over: bool = True
     render_prompt: Callable[[], str] | None = None
+    prepare: Callable[[str, str | None], Awaitable[None]] | None = None
+    forget: Callable[[str], None] | None = None
 
     def prompt(self) -> str:
         """Return the system prompt of a conversation opening now."""
@@ -135,6 +148,7 @@ class DuplexConversation:
         self._closing: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._ending: set[asyncio.Task[None]] = set()  # sessions being released
+        self._preparing: asyncio.Task[None] | None = None  # the binding's prepare
         self.sessions = 0  # sessions opened on this child
         self.session = self._new_session(first_seq=0)
 
@@ -203,6 +217,12 @@ class DuplexConversation:
         except BaseException:
             await conversation._release(spawned=False)
             raise
+        try:
+            if (preparing := conversation._prepare()) is not None:
+                await asyncio.wait((preparing,))
+        except BaseException:  # cancelled: nobody gets the conversation
+            await conversation._release(spawned=True)
+            raise
         _LOGGER.debug("Duplex conversation %s started", child_id)
         return conversation
 
@@ -241,6 +261,7 @@ class DuplexConversation:
         # Rounds that started while nobody listened (e.g. an ask_parent answer)
         # are not the new session's to play.
         self.session = self._new_session(first_seq=stats.last_seq if stats else 0)
+        self._prepare()  # a new turn: the session's first push waits for it
         if self._on_state is not None:
             self._on_state(self.session.state)  # listening again
         _LOGGER.debug("Duplex conversation %s resumed", self.child_id)
@@ -261,7 +282,7 @@ class DuplexConversation:
             raise RuntimeError("the DSP worker of this stream is closed")
         session = DuplexSession(
             KernelChild(binding.kernel, self.child_id),
-            stt=binding.stt,
+            stt=functools.partial(self._transcribe, binding.stt),
             tts=binding.tts,
             send=self._send,
             options=binding.options,
@@ -275,6 +296,37 @@ class DuplexConversation:
         # In order with any audio of an earlier session still on the worker.
         self.dsp.submit(self._segmenter.restart)
         return session
+
+    # --- preparing a turn ----------------------------------------------------------
+
+    def _prepare(self) -> asyncio.Task[None] | None:
+        """Start the binding's prepare for a new session (one at a time); its task."""
+        if self.binding.prepare is None:
+            return None
+        if self._preparing is None or self._preparing.done():
+            self._preparing = asyncio.get_running_loop().create_task(
+                self._run_prepare(self.binding.prepare),
+                name=f"rtvoice prepare {self.child_id}",
+            )
+        return self._preparing
+
+    async def _run_prepare(
+        self, prepare: Callable[[str, str | None], Awaitable[None]]
+    ) -> None:
+        try:
+            await prepare(self.child_id, self.binding.prompt_scope)
+        except Exception:
+            _LOGGER.exception("Preparing duplex conversation %s failed", self.child_id)
+
+    async def _transcribe(self, stt: SpeechToText, pcm: bytes) -> str:
+        """Transcribe once the session's turn is prepared (its push comes next)."""
+        if (preparing := self._preparing) is not None and not preparing.done():
+            # Not shielded: a cancelled transcription leaves the prepare running;
+            # asyncio.wait does not raise when the prepare was cancelled (closing).
+            await asyncio.wait((preparing,))
+        return await stt(pcm)
+
+    # --- sessions ending -----------------------------------------------------------
 
     def _session_ended(self) -> None:
         """Silence after the last answer: back to the wake word, the child lives on.
@@ -342,6 +394,10 @@ class DuplexConversation:
 
     async def _release(self, *, spawned: bool) -> None:
         try:
+            if (preparing := self._preparing) is not None:
+                # Before ``forget``: a prepare finishing later would bring it back.
+                preparing.cancel()
+                await asyncio.wait((preparing,))
             if self.session.state is not SessionState.ENDED:
                 await self.session.aclose()  # an ended one is in _ending already
             while self._ending:
@@ -351,6 +407,7 @@ class DuplexConversation:
                 if spawned:
                     await _quietly(self.binding.kernel.close(self.child_id))
             finally:
+                self._forget()
                 if self._unroute is not None:
                     self._unroute()
                 channels = self.binding.kernel.channels
@@ -359,6 +416,15 @@ class DuplexConversation:
                 if self._own_dsp:
                     await self.dsp.aclose()
                 _LOGGER.debug("Duplex conversation %s closed", self.child_id)
+
+    def _forget(self) -> None:
+        """Run the binding's forget hook (the child has closed); never raises."""
+        if self.binding.forget is None:
+            return
+        try:
+            self.binding.forget(self.child_id)
+        except Exception:
+            _LOGGER.exception("Forgetting duplex conversation %s failed", self.child_id)
 
 
 async def _quietly(closing: Awaitable[object]) -> None:

@@ -165,19 +165,15 @@ class SessionManager:
         agent_id: str,
     ) -> ConversationResult:
         """Push a routed turn's words and answer it (``async_converse``)."""
-        self._brain.set_turn(
-            session.id,
-            TurnContext(
+        try:
+            await self.async_prepare_turn(
+                session.id,
                 context=user_input.context,
                 language=user_input.language,
                 device_id=user_input.device_id,
-                satellite_id=session.satellite,
-                conversation_id=session.id,
+                satellite=session.satellite,
                 prompt_scope=session.prompt_scope,
-            ),
-        )
-        try:
-            await self._brain.async_prepare(session.id)
+            )
         except asyncio.CancelledError:
             session.barged_in()
             raise
@@ -333,19 +329,48 @@ class SessionManager:
                 adopt_new_id=True,
                 owner=owner,
             )
-        self._brain.set_turn(
+        await self.async_prepare_turn(
             session.id,
+            context=Context(),
+            language=language,
+            device_id=session.device_id,
+            satellite=satellite,
+            prompt_scope=session.prompt_scope,
+        )
+        return session.id
+
+    async def async_prepare_turn(
+        self,
+        child_id: str,
+        *,
+        context: Context,
+        language: str,
+        device_id: str | None,
+        satellite: str | None,
+        prompt_scope: str | None,
+    ) -> None:
+        """Tell the brain about a conversation's turn and prepare it (before a push).
+
+        The brain fetches the LLM API instance (tools, API prompt) for the turn's
+        user, device and language. Duplex conversations call it at every session
+        (``duplex_ha.satellite_binding``) and ``forget_turn`` when their child closes.
+        """
+        self._brain.set_turn(
+            child_id,
             TurnContext(
-                context=Context(),
+                context=context,
                 language=language,
-                device_id=session.device_id,
+                device_id=device_id,
                 satellite_id=satellite,
-                conversation_id=session.id,
-                prompt_scope=session.prompt_scope,
+                conversation_id=child_id,
+                prompt_scope=prompt_scope,
             ),
         )
-        await self._brain.async_prepare(session.id)
-        return session.id
+        await self._brain.async_prepare(child_id)
+
+    def forget_turn(self, child_id: str) -> None:
+        """Drop a closed duplex child's turn and prepared tools."""
+        self._brain.forget(child_id)
 
     def push(self, conversation_id: str, text: str) -> Ticket:
         """Push ``text`` into a live conversation (interrupting it).
