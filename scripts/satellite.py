@@ -582,8 +582,11 @@ async def set_up_duplex(
         )
     ).values()
     if barge_in is not None and not stored:
+        since = device.mark()
         stored = await store_barge_in(hass, entry_id, key, barge_in)
-        if not stored:
+        if stored:  # the entry reloads with the setting: wait for the new link
+            await asyncio.wait_for(device.wait_for_voice_client(since), 60)
+        else:
             notes.append(
                 f"this Home Assistant offers no barge-in setting for duplex"
                 f" satellites yet: --barge-in {barge_in} is not stored; the"

@@ -141,7 +141,6 @@ async def async_build_runtime(
         round_ends,
         entry.options.get(CONF_WYOMING_SATELLITES, []),
         sessions=sessions,
-        brain=brain,
     )
     try:
         await wyoming.async_start()

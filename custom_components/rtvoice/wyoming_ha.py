@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import dataclasses
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
@@ -34,12 +34,8 @@ from homeassistant.config_entries import (
     ConfigEntryChange,
 )
 from homeassistant.const import CONF_HOST, CONF_PORT
-from homeassistant.core import Context, HomeAssistant, callback
-from homeassistant.helpers import (
-    device_registry as dr,
-    entity_registry as er,
-    issue_registry as ir,
-)
+from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers import device_registry as dr, issue_registry as ir
 from homeassistant.helpers.dispatcher import (
     async_dispatcher_connect,
     async_dispatcher_send,
@@ -58,11 +54,7 @@ from .duplex_ha import satellite_binding, satellite_device_id, with_entry_settin
 from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .kernel import Kernel
 from .sessions import SessionManager
-from .turn import TurnContext
 from .wyoming_link import LinkState, WyomingSatelliteLink
-
-if TYPE_CHECKING:
-    from .brain import Brain
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -163,13 +155,8 @@ class WyomingSatellites:
         satellites: Sequence[Mapping[str, Any]],
         *,
         sessions: SessionManager,
-        brain: Brain | None = None,
     ) -> None:
-        """Bind the stored satellites to the entry's kernel (nothing runs yet).
-
-        ``brain``: prepares each conversation's tools (HA's LLM API) for the
-        satellite's turn; without it the conversations have none.
-        """
+        """Bind the stored satellites to the entry's kernel (nothing runs yet)."""
         self.hass = hass
         self.entry_id = entry_id
         self.kernel = kernel
@@ -195,8 +182,6 @@ class WyomingSatellites:
         self.states: dict[str, SessionState | None] = {}
         self.engine: WakeWordEngine | None = None
         self.conflicts: set[str] = set()
-        self.brain = brain
-        self._prepared: dict[str, str] = {}  # child id prepared per key
         self._unlisten: Any = None
 
     async def async_start(self) -> None:
@@ -247,7 +232,6 @@ class WyomingSatellites:
             wake_model_ids=[model] if model is not None else None,
             on_state=functools.partial(self._link_state, key),
             on_session_state=functools.partial(self._session_state, key),
-            prepare=functools.partial(self._async_prepare, key),
         )
         self.links[key] = link
         link.start()
@@ -288,38 +272,6 @@ class WyomingSatellites:
         links = list(self.links.values())
         self.links.clear()
         await asyncio.gather(*(link.aclose() for link in links))
-        if self.brain is not None:
-            for child_id in self._prepared.values():
-                self.brain.forget(child_id)
-        self._prepared.clear()
-
-    async def _async_prepare(self, key: str, child_id: str) -> None:
-        """Fetch the tools of the satellite's conversation (its device, its scope)."""
-        brain = self.brain
-        if brain is None:
-            return
-        previous = self._prepared.get(key)
-        if previous is not None and previous != child_id:
-            brain.forget(previous)  # closed by the idle timeout meanwhile
-        self._prepared[key] = child_id
-        scope = self.entity_ids.get(key)
-        device_id = None
-        if scope is not None and (
-            registered := er.async_get(self.hass).async_get(scope)
-        ):
-            device_id = registered.device_id
-        brain.set_turn(
-            child_id,
-            TurnContext(
-                context=Context(),
-                language=self.hass.config.language,
-                device_id=device_id,
-                satellite_id=scope,
-                conversation_id=child_id,
-                prompt_scope=scope,
-            ),
-        )
-        await brain.async_prepare(child_id)
 
     @callback
     def async_store(self, key: str, **settings: Any) -> None:

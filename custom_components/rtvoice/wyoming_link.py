@@ -46,7 +46,7 @@ doubling up to ``reconnect_max_s``; reset once a connection delivered audio).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 import contextlib
 from dataclasses import dataclass, field
 import enum
@@ -142,16 +142,15 @@ class WyomingSatelliteLink:
         link_options: LinkOptions | None = None,
         on_state: Callable[[LinkState], None] | None = None,
         on_session_state: Callable[[SessionState | None], None] | None = None,
-        prepare: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         """Bind the satellite's address to the duplex binding (kernel, STT, TTS).
 
         ``wake``: a warmed engine for wake words on the server (None: only the
         satellite's ``detection`` events wake it, if ``satellite_wake``).
         ``on_state`` follows the link, ``on_session_state`` the conversation's
-        session (None while no session runs). ``prepare(child_id)`` is awaited
-        when a conversation opens and run again when a wake word resumes it (the
-        HA side fetches the child's tools there).
+        session (None while no session runs). The binding's ``prepare`` hook
+        (the HA side fetches the child's tools) runs when a conversation opens
+        and again when a wake word resumes it (``DuplexConversation``).
         """
         self.host = host
         self.port = port
@@ -160,7 +159,6 @@ class WyomingSatelliteLink:
         self._wake = wake
         self._wake_model_ids = wake_model_ids
         self._satellite_wake = satellite_wake
-        self._prepare = prepare
         self.link_options = link_options if link_options is not None else LinkOptions()
         self._on_state = on_state
         self._on_session_state = on_session_state
@@ -385,8 +383,6 @@ class WyomingSatelliteLink:
             # Idle: a new session on the same child (no await since the check).
             self.stats.resumed += 1
             self._set_state(LinkState.CONVERSING)
-            if self._prepare is not None:
-                self._spawn(self._prepared(conversation.child_id), "prepare")
             return
         await self._open_conversation()
 
@@ -405,11 +401,6 @@ class WyomingSatelliteLink:
             on_state=self._session_state,
             on_close=self._conversation_closed,
         )
-        try:
-            await self._prepared(conversation.child_id)
-        except BaseException:
-            await conversation.aclose()
-            raise
         previous = self.conversation
         self.conversation = self.last_conversation = conversation
         if previous is not None and previous is not conversation:
@@ -455,17 +446,6 @@ class WyomingSatelliteLink:
         await conversation.aclose()
         if live and self._on_session_state is not None:
             self._on_session_state(None)
-
-    async def _prepared(self, child_id: str) -> None:
-        """Run ``prepare`` for the child; a failure leaves it without (logged)."""
-        if self._prepare is None:
-            return
-        try:
-            await self._prepare(child_id)
-        except Exception as err:  # noqa: BLE001 - the conversation still runs
-            _LOGGER.warning(
-                "Preparing conversation %s failed: %s", child_id, type(err).__name__
-            )
 
     def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"rtvoice {what}")
