@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-import inspect
 from pathlib import Path
 import random
 import sys
@@ -35,14 +34,8 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.event import async_read_event, async_write_event
 from wyoming.wake import Detection
 
-from custom_components.rtvoice.duplex import BargeIn, DuplexOptions, KernelChild
-from custom_components.rtvoice.kernel import (
-    ChannelDef,
-    ChannelRegistry,
-    ChildOptions,
-    Kernel,
-)
-from custom_components.rtvoice.kernel.openai_provider import OpenAIChatProvider
+from custom_components.rtvoice.duplex import BargeIn, DuplexOptions
+from custom_components.rtvoice.duplex_link import DuplexBinding
 from custom_components.rtvoice.wyoming_link import WyomingSatelliteLink
 from scripts.bench_duplex_esphome import (
     ANSWER,
@@ -50,11 +43,11 @@ from scripts.bench_duplex_esphome import (
     USERS,
     InstantSpeech,
     answer_clips,
+    kernel_and_peer,
     loud_span,
     ms,
 )
 from scripts.bench_kernel import Row
-from tests.peers.openai_server import DEFAULT_MODEL, OpenAIPeer, Text
 from tests.peers.speech import speak
 
 SAFETY = 60.0  # seconds: a safety net against hangs, never a synchronisation
@@ -198,37 +191,9 @@ class FakeSatellite:
 
 
 @contextlib.asynccontextmanager
-async def wyoming_link(
-    host: str, port: int, kernel: Kernel, speech: InstantSpeech, options: DuplexOptions
-) -> Any:
-    """Yield the product's link, bound to the kernel as its public API allows."""
-    params = inspect.signature(WyomingSatelliteLink).parameters
-    if "child" not in params:
-        raise RuntimeError(
-            "WyomingSatelliteLink's constructor changed (no `child`): update"
-            " scripts/bench_duplex_wyoming.py to bind it"
-        )
-    link = WyomingSatelliteLink(
-        host,
-        port,
-        child=KernelChild(kernel, "bench"),
-        stt=speech.stt,
-        tts=speech.tts,
-        options=options,
-    )
-    kernel.channels.register_input("bench_in", ChannelDef(realtime=True))
-    kernel.channels.register_output(
-        "bench_out", link.output_handler, definition=ChannelDef(realtime=True)
-    )
-    await kernel.spawn(
-        ChildOptions(
-            id="bench",
-            input="bench_in",
-            output="bench_out",
-            delivery="acknowledged",
-            carry_over=True,
-        )
-    )
+async def wyoming_link(host: str, port: int, binding: DuplexBinding) -> Any:
+    """Yield the product's link on ``binding`` (its conversations, its kernel)."""
+    link = WyomingSatelliteLink(host, port, binding, name="bench")
     link.start()
     try:
         yield link
@@ -249,44 +214,33 @@ async def barge_chain(trials: int, seed: int) -> tuple[list[float], int]:
     options = DuplexOptions(barge_in=BargeIn.VAD, end_silence_ms=0)
     latencies: list[float] = []
     misses = 0
-    async with OpenAIPeer() as peer, FakeSatellite() as sat:
-        peer.default_reply(Text(ANSWER))
-        kernel = Kernel(
-            OpenAIChatProvider(
-                base_url=peer.base_url, api_key="sk-bench", model=DEFAULT_MODEL
-            ),
-            ChannelRegistry(),
-        )
-        try:
-            async with wyoming_link(
-                sat.host, sat.port, kernel, speech, options
-            ) as link:
-                await asyncio.wait_for(link.wait_connected(), SAFETY)
-                mark = sat.received.mark()
-                sat.wake()
-                await asyncio.sleep(0.1)  # the link opens its session
-                sat.say(ask)
-                await sat.received.wait_for("chunk", mark)
-                for trial in range(-1, trials):
-                    await asyncio.sleep(rng.uniform(0.8, 1.6))  # into the answer
-                    mark = sat.received.mark()
-                    spoken = sat.say(users[trial % len(users)])
-                    stop = await sat.received.wait_for("stop", mark)
-                    chunks = [
-                        at
-                        for kind, at in sat.received.events[mark:stop]
-                        if kind == "chunk"
-                    ]
-                    start = await sat.received.wait_for("start", stop)
-                    await sat.received.wait_for("chunk", start)
-                    if trial < 0:
-                        continue
-                    if chunks:
-                        latencies.append(chunks[-1] - spoken.onset_at)
-                    else:
-                        misses += 1  # the answer had paused before the user spoke
-        finally:
-            await kernel.stop_all()
+    async with (
+        kernel_and_peer(speech, options, echo=False, answer=ANSWER) as (binding, _),
+        FakeSatellite() as sat,
+        wyoming_link(sat.host, sat.port, binding) as link,
+    ):
+        await asyncio.wait_for(link.wait_connected(), SAFETY)
+        mark = sat.received.mark()
+        sat.wake()
+        await asyncio.sleep(0.1)  # the link opens its session
+        sat.say(ask)
+        await sat.received.wait_for("chunk", mark)
+        for trial in range(-1, trials):
+            await asyncio.sleep(rng.uniform(0.8, 1.6))  # into the answer
+            mark = sat.received.mark()
+            spoken = sat.say(users[trial % len(users)])
+            stop = await sat.received.wait_for("stop", mark)
+            chunks = [
+                at for kind, at in sat.received.events[mark:stop] if kind == "chunk"
+            ]
+            start = await sat.received.wait_for("start", stop)
+            await sat.received.wait_for("chunk", start)
+            if trial < 0:
+                continue
+            if chunks:
+                latencies.append(chunks[-1] - spoken.onset_at)
+            else:
+                misses += 1  # the answer had paused before the user spoke
     return latencies, misses
 
 
