@@ -70,8 +70,28 @@ def test_reference_is_placed_by_sample() -> None:
     assert frames[1][180:182] == b"\x01\x00" and frames[1][178:180] == b"\x00\x00"
     aec.process(bytes(FRAME_BYTES))
     aec.process(bytes(FRAME_BYTES))
+    aec.process(bytes(FRAME_BYTES))
+    aec.process(bytes(FRAME_BYTES))
     aec.far_end(b"\x02\x00" * 10, at_sample=0)  # in the past: placed at the present
-    assert frames[2][:20] == b"\x02\x00" * 10
+    assert frames[4][:20] == b"\x02\x00" * 10
+
+
+def test_a_following_frame_continues_the_reference_and_none_overlaps() -> None:
+    """Without a sample the audio follows the last reference; a new stretch never overlaps it.
+
+    The device plays its frames one after another: a mic time line that moved by a
+    sample between two frames must not slip the reference (AEC3 would re-learn).
+    """
+    aec = EchoCanceller()
+    aec.far_end(b"\x01\x00" * 160, at_sample=100)
+    aec.far_end(b"\x02\x00" * 160)  # back to back: samples 260..419
+    aec.far_end(b"\x03\x00" * 10, at_sample=415)  # early by 5 samples: after 420
+    reference = b"".join(aec._frames[i] for i in range(3))  # noqa: SLF001
+    samples = [int.from_bytes(reference[i : i + 2], "little") for i in range(0, 960, 2)]
+    assert samples[:100] == [0] * 100
+    assert samples[100:260] == [1] * 160
+    assert samples[260:420] == [2] * 160
+    assert samples[420:430] == [3] * 10
 
 
 @pytest.mark.parametrize("delay_ms", [50, 400])

@@ -84,7 +84,10 @@ class EchoCanceller:
             self._place(pcm, at_sample)
 
     def _place(self, pcm: bytes, at_sample: int | None) -> None:
-        start = self._reference_end if at_sample is None else at_sample
+        # The device plays one thing at a time: never over the previous reference.
+        start = self._reference_end
+        if at_sample is not None:
+            start = max(start, at_sample)
         start = max(start, self.mic_samples)  # the past is gone
         samples = len(pcm) // 2
         self._reference_end = start + samples

@@ -604,8 +604,15 @@ class DuplexSession:
 
     async def _send_frame(self, frame: bytes) -> None:
         if self._echo is not None:
-            at = self._timeline.sample_at(self.player.frame_play_at)
-            self._echo.far_end(frame, at_sample=at)
+            if self.player.frame_follows:
+                # Back to back on the device: the reference continues sample for
+                # sample. Re-placing each frame from the mic chunks' arrival times
+                # would slip it by a sample now and then (network and loop jitter),
+                # and every slip is a new echo path that AEC3 must re-learn.
+                self._echo.far_end(frame)
+            else:  # the device's queue ran dry: this frame starts a new stretch
+                at = self._timeline.sample_at(self.player.frame_play_at)
+                self._echo.far_end(frame, at_sample=at)
         await self._send(frame)
 
     def _set_state(self, state: SessionState) -> None:
