@@ -475,13 +475,15 @@ class DuplexSession:
         tail_end = max(0, ended) + ECHO_TAIL_MS // FRAME_MS
         if ended < 0 or tail_end >= len(frames):
             return None
-        levels = [frame_dbfs(frame) for frame in frames[ended:]]
-        split = ECHO_TAIL_MS // FRAME_MS
-        quietest = min(range(split), key=levels.__getitem__)
-        loud = max(_LOUD_DBFS, levels[quietest] + _LOUD_OVER_DB)
-        if sum(level >= loud for level in levels[split:]) < 3:
-            return None  # the tail and the VAD's hangover: no words after it
-        return b"".join(frames[ended + quietest :])
+        tail = [frame_dbfs(frame) for frame in frames[ended:tail_end]]
+        quietest = min(range(len(tail)), key=tail.__getitem__)
+        loud = max(_LOUD_DBFS, tail[quietest] + _LOUD_OVER_DB)
+        loud_frames = 0
+        for frame in frames[tail_end:]:  # stops at the third loud frame
+            loud_frames += frame_dbfs(frame) >= loud
+            if loud_frames == 3:
+                return b"".join(frames[ended + quietest :])
+        return None  # the tail and the VAD's hangover: no words after it
 
     def _stt_pending(self) -> bool:
         return self._transcribing or not self._utterances.empty()
