@@ -51,6 +51,35 @@ def test_echo_of_what_was_sent_is_removed(clip) -> None:
     assert raw - clean > 25
 
 
+def test_a_stretch_after_silence_starts_a_fresh_canceller(clip) -> None:
+    """The device starts each stretch a few ms off: a converged AEC3 would leak there.
+
+    Stretch one converges at the true delay; after 1.5 s of silence the device plays
+    stretch two 20 ms later than the reference says (its own buffers: unknowable
+    here). The canceller restarts for it and the echo stays removed; frames in the
+    stretch and short gaps do not restart it.
+    """
+    speech = clip(" ".join(SENTENCES), lead_ms=0, tail_ms=0)
+    steps = pcm_steps(speech)
+    room = Room(delay_ms=150, seed=3, drift_ms=0)
+    aec = EchoCanceller()
+    silence = np.zeros(160)
+    plays = [*steps, *[silence] * 150, *([silence] * 2 + steps)]  # 2 steps late
+    placed = dict(enumerate(steps))
+    second = len(steps) + 150
+    placed |= {second + i: step for i, step in enumerate(steps)}
+    raw_levels, clean_levels = [], []
+    for index, played in enumerate(plays):
+        if index in placed:
+            aec.far_end(placed[index].astype("<i2").tobytes(), at_sample=index * 160)
+        mic = room.mic_step(played)
+        raw_levels.append(frame_dbfs(mic))
+        clean_levels.append(frame_dbfs(aec.process(mic)))
+    assert aec.restarts == 1
+    echo = [i for i in range(second, len(plays)) if raw_levels[i] > -35]
+    assert max(raw_levels[i] for i in echo) - max(clean_levels[i] for i in echo) > 30
+
+
 def test_mic_timeline_takes_the_least_delayed_chunk() -> None:
     """Chunks that arrive late do not move the estimate; an early one does."""
     timeline = MicTimeline(creep_ms_per_s=0)
@@ -70,8 +99,28 @@ def test_reference_is_placed_by_sample() -> None:
     assert frames[1][180:182] == b"\x01\x00" and frames[1][178:180] == b"\x00\x00"
     aec.process(bytes(FRAME_BYTES))
     aec.process(bytes(FRAME_BYTES))
+    aec.process(bytes(FRAME_BYTES))
+    aec.process(bytes(FRAME_BYTES))
     aec.far_end(b"\x02\x00" * 10, at_sample=0)  # in the past: placed at the present
-    assert frames[2][:20] == b"\x02\x00" * 10
+    assert frames[4][:20] == b"\x02\x00" * 10
+
+
+def test_a_following_frame_continues_the_reference_and_none_overlaps() -> None:
+    """Without a sample the audio follows the last reference; a new stretch never overlaps it.
+
+    The device plays its frames one after another: a mic time line that moved by a
+    sample between two frames must not slip the reference (AEC3 would re-learn).
+    """
+    aec = EchoCanceller()
+    aec.far_end(b"\x01\x00" * 160, at_sample=100)
+    aec.far_end(b"\x02\x00" * 160)  # back to back: samples 260..419
+    aec.far_end(b"\x03\x00" * 10, at_sample=415)  # early by 5 samples: after 420
+    reference = b"".join(aec._frames[i] for i in range(3))  # noqa: SLF001
+    samples = [int.from_bytes(reference[i : i + 2], "little") for i in range(0, 960, 2)]
+    assert samples[:100] == [0] * 100
+    assert samples[100:260] == [1] * 160
+    assert samples[260:420] == [2] * 160
+    assert samples[420:430] == [3] * 10
 
 
 @pytest.mark.parametrize("delay_ms", [50, 400])

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from aioesphomeapi import InvalidEncryptionKeyAPIError
+import numpy as np
 import pytest
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
@@ -565,6 +566,57 @@ async def test_echo_cancelled_on_the_server_does_not_interrupt_in_vad_mode(
         assert stats.barge_ins == 0 and stats.pushes == 1
         assert r.history(conversation)[-1].content == LONG
         assert not r.history(conversation)[-1].interrupted
+
+
+class RecordingEcho(EchoCanceller):
+    """The product's canceller, keeping the reference each mic frame was cleaned with."""
+
+    def __init__(self) -> None:
+        """Make a real AEC3; ``references`` fills on the DSP worker, in mic order."""
+        super().__init__()
+        self.references: list[bytes] = []
+
+    def process(self, frame: bytes) -> bytes:
+        """Clean ``frame``; note the reference that went with it."""
+        cleaned = super().process(frame)
+        self.references.append(self.last_reference)
+        return cleaned
+
+
+def sounding(pcm: bytes) -> np.ndarray:
+    """Return the samples of ``pcm`` that are not digital silence, in order."""
+    samples = np.frombuffer(pcm, dtype="<i2")
+    return samples[samples != 0]
+
+
+@pytest.mark.skipif(
+    echo_unavailable_reason() is not None, reason=str(echo_unavailable_reason())
+)
+async def test_echo_reference_is_the_answer_as_the_device_plays_it(clip) -> None:
+    """The far-end reference is the sent audio back to back: no sample lost or doubled.
+
+    The device plays the frames it gets one after another; AEC3 learns the echo path
+    sample by sample, so a reference that slips by one sample between two frames
+    (re-placed from the mic chunks' jittery arrival times) is a new echo path to it,
+    and the echo leaks until it re-learns. Only silence may be inserted (where the
+    device really ran dry). Real loop timing: the mic chunks arrive over TCP.
+    """
+    echoes: list[RecordingEcho] = []
+
+    def factory() -> RecordingEcho:
+        echoes.append(RecordingEcho())
+        return echoes[-1]
+
+    async with rig(echo=factory, echo_gain=0.5) as r:
+        r.peer.enqueue(Text(LONG))
+        await r.wake_and_say(clip(ASK))
+        await r.states.wait_for(SessionState.SPEAKING)
+        await r.device.wait_for_event(EventType.RUN_END)
+        sent = r.answer_audio()
+    assert len(echoes) == 1
+    reference = b"".join(echoes[0].references)
+    assert len(sounding(sent)) > 16000  # seconds of answer, not a blip
+    assert np.array_equal(sounding(reference), sounding(sent))
 
 
 async def test_wrong_key_is_reported_once_and_retried(

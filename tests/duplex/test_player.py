@@ -67,6 +67,29 @@ async def test_pause_within_one_frame_and_byte_exact_resume() -> None:
     await player.aclose()
 
 
+async def test_frame_follows_while_the_device_queue_holds_audio() -> None:
+    """``frame_follows``: a frame plays right after the previous one unless the device ran dry."""
+    clock = VirtualClock()
+    follows: list[bool] = []
+    player: PacedPlayer
+
+    async def send(frame: bytes) -> None:
+        follows.append(player.frame_follows)
+
+    player = PacedPlayer(send, clock=clock, lead_ms=100)
+    player.enqueue(ramp(200))
+    player.finish()
+    await player.played()
+    assert follows == [False] + [True] * 19
+    clock.advance(0.5)  # the device played everything and idled
+    follows.clear()
+    player.enqueue(ramp(30))
+    player.finish()
+    await player.played()
+    assert follows == [False, True, True]
+    await player.aclose()
+
+
 async def test_stop_drops_the_rest_and_new_audio_follows() -> None:
     """stop() drops unsent audio; the next enqueue starts where sending stopped."""
     transport = FakeTransport()

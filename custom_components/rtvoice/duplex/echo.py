@@ -5,9 +5,16 @@ of it from the mic itself (DESIGN §5.5). ``far_end`` places what the player sen
 the mic's time line (when the device will play it); each 10 ms mic frame through
 ``process`` first feeds the reference of the same 10 ms (silence when nothing plays)
 to ``process_reverse_stream``, then cleans the mic frame with ``process_stream``.
-AEC3 finds the acoustic delay itself; what it cannot follow well is a delay that
-jumps, so the reference must not shift when playback pauses and resumes: it is
-placed by the player's schedule, not queued.
+AEC3 finds the acoustic delay itself; what it cannot follow is a delay that jumps:
+once converged, a shift of even a few milliseconds leaks the echo at -30 dBFS for
+a second or more (measured on the ESPHome bench, row 16). So frames the device
+plays back to back continue the reference sample for sample (``far_end`` without a
+sample), and only a new stretch (the device's queue ran dry) is placed on the mic
+time line. Where a device starts a new stretch is only known to a few ms (its own
+buffers, the network), so a stretch that begins after ``RESTART_AFTER_MS`` of
+silence, when no echo of the last one is left to cancel, gets a fresh AEC3: it
+converges on the first echo as on the first answer, instead of leaking while the
+learnt filter slides to a new delay.
 
 ``livekit`` is optional: ``unavailable_reason()`` says why it cannot be used here.
 """
@@ -23,6 +30,10 @@ from .audio import FRAME_BYTES, SAMPLE_RATE
 FRAME_SAMPLES = FRAME_BYTES // 2
 
 MAX_REFERENCE_MS = 2000
+# Reference silence after which a new stretch gets a fresh AEC3: longer than the
+# echo path's delay and reverberant tail (the room of tests/duplex/echo_sim.py:
+# up to 400 ms + 200 ms), so nothing of the last stretch is left to cancel.
+RESTART_AFTER_MS = 1000
 
 
 @functools.cache
@@ -49,8 +60,9 @@ class EchoCanceller:
     the device plays ``pcm`` while its mic records sample ``n`` onwards (the session
     derives ``n`` from the player's schedule and the mic's arrival times). Each
     ``process`` of the next 10 ms mic frame feeds the reference of the same 10 ms
-    first. Without ``at_sample`` the audio is placed right after the previous
-    reference (a FIFO; pauses then shift the echo delay, which AEC3 must re-learn).
+    first. Without ``at_sample`` the audio follows the previous reference sample
+    for sample (the device plays it back to back); with it, never over the previous
+    reference either (the device plays one thing at a time).
     """
 
     def __init__(self, *, noise_suppression: bool = False) -> None:
@@ -60,11 +72,12 @@ class EchoCanceller:
         from livekit import rtc  # noqa: PLC0415
 
         self._rtc: Any = rtc
-        self._apm = rtc.AudioProcessingModule(
-            echo_cancellation=True,
-            noise_suppression=noise_suppression,
-            high_pass_filter=True,
-        )
+        self._noise_suppression = noise_suppression
+        self._apm = self._new_apm()
+        self.restarts = 0  # fresh AEC3s for new stretches (diagnostics)
+        self._silent_frames = 0  # mic frames since the last reference frame
+        self._referenced = False  # the APM has had a reference frame
+        self._restart_frames = RESTART_AFTER_MS * SAMPLE_RATE // 1000 // FRAME_SAMPLES
         self._frames: dict[int, bytearray] = {}  # mic frame index -> reference
         self._mic_frame = 0  # index of the next mic frame
         self._reference_end = 0  # sample after the last reference sample placed
@@ -72,6 +85,13 @@ class EchoCanceller:
         self.last_reference = self._silence  # what the last process() cancelled
         # far_end runs on the loop, process on the stream's DSP worker.
         self._lock = threading.Lock()
+
+    def _new_apm(self) -> Any:
+        return self._rtc.AudioProcessingModule(
+            echo_cancellation=True,
+            noise_suppression=self._noise_suppression,
+            high_pass_filter=True,
+        )
 
     @property
     def mic_samples(self) -> int:
@@ -84,7 +104,10 @@ class EchoCanceller:
             self._place(pcm, at_sample)
 
     def _place(self, pcm: bytes, at_sample: int | None) -> None:
-        start = self._reference_end if at_sample is None else at_sample
+        # The device plays one thing at a time: never over the previous reference.
+        start = self._reference_end
+        if at_sample is not None:
+            start = max(start, at_sample)
         start = max(start, self.mic_samples)  # the past is gone
         samples = len(pcm) // 2
         self._reference_end = start + samples
@@ -114,9 +137,19 @@ class EchoCanceller:
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"frames must be {FRAME_BYTES} bytes, got {len(frame)}")
         with self._lock:
-            reference = self._frames.pop(self._mic_frame, None) or self._silence
-            self.last_reference = bytes(reference)
+            placed = self._frames.pop(self._mic_frame, None)
             self._mic_frame += 1
+        reference = self._silence if placed is None else bytes(placed)
+        self.last_reference = reference
+        if placed is None:
+            self._silent_frames += 1
+        else:
+            if self._referenced and self._silent_frames >= self._restart_frames:
+                # A new stretch, its echo delay a few ms off the last one's.
+                self._apm = self._new_apm()
+                self.restarts += 1
+            self._silent_frames = 0
+            self._referenced = True
         frame_cls = self._rtc.AudioFrame
         self._apm.process_reverse_stream(
             frame_cls(bytearray(reference), SAMPLE_RATE, 1, FRAME_SAMPLES)

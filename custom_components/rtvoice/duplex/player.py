@@ -60,6 +60,9 @@ class PacedPlayer:
         self.enqueued_bytes = 0
         self._device_free_at = 0.0  # when the device's queue runs dry
         self.frame_play_at = 0.0  # when the frame being sent will start playing
+        # True when that frame plays right after the previous one (the device's queue
+        # had not run dry): the device's output is one unbroken stream there.
+        self.frame_follows = False
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -191,6 +194,9 @@ class PacedPlayer:
             del self._buffer[: self.frame_bytes]
             self.sent_bytes += len(frame)
             now = clock.now()
+            self.frame_follows = self.sent_bytes > len(frame) and (
+                self._device_free_at >= now
+            )
             self.frame_play_at = max(self._device_free_at, now)
             self._device_free_at = self.frame_play_at + (
                 len(frame) / BYTES_PER_MS / 1000

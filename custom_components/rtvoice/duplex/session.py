@@ -20,7 +20,11 @@ States (``SessionState``):
 
 In ``wake_word`` mode speech never pauses an answer; ``wake_word_detected()`` cuts it.
 In ``off`` mode nothing interrupts while speaking (utterances that start then are
-dropped). Silence is counted in mic audio, so no timer task exists.
+dropped). The answer's echo outlives it by the room's delay and reverberation, and
+the VAD often runs that tail and the user's next words into one utterance: one that
+started over the answer but is still loud ``ECHO_TAIL_MS`` after the answer ended
+is kept from the quietest moment of that tail on, and transcribed like any other.
+Silence is counted in mic audio, so no timer task exists.
 
 The DSP of each 10 ms frame (echo canceller, gate, VAD: ``_analyse``) runs on the
 stream's ``DspWorker`` when one is given, and only there; its results come back in
@@ -41,7 +45,7 @@ from functools import partial
 import logging
 from typing import Any
 
-from .audio import FRAME_BYTES, FRAME_MS, FrameChunker
+from .audio import FRAME_BYTES, FRAME_MS, FrameChunker, frame_dbfs
 from .clock import Clock
 from .contracts import (
     BargeIn,
@@ -66,6 +70,14 @@ from .worker import DspWorker
 
 _LOGGER = logging.getLogger(__name__)
 
+# How long the echo of an answer may go on after its last frame played: the delay
+# of the echo path plus its reverberant tail (tests/duplex/echo_sim.py: up to
+# 400 ms + 200 ms). Sound after that, in an utterance that began over the answer,
+# is the user's (wake_word and off modes).
+ECHO_TAIL_MS = 600
+_LOUD_DBFS = -50.0  # as the onset gate: quieter is no speech
+_LOUD_OVER_DB = 12.0
+
 
 class SessionState(enum.StrEnum):
     """Where the session is (see the module docstring)."""
@@ -88,6 +100,7 @@ class SessionStats:
     false_barge_ins: int = 0  # pauses that resumed
     wake_interrupts: int = 0
     dropped_utterances: int = 0  # spoken while speaking in wake_word/off mode
+    tail_utterances: int = 0  # began in an answer's echo tail, kept from its end
     echo_utterances: int = 0  # VAD-only utterances over an answer, no energy: dropped
     stt_errors: int = 0
     tts_errors: int = 0
@@ -104,6 +117,7 @@ class _Track:
     """The utterance the segmenter is in: whether it counts, and why not."""
 
     ignored: bool = False  # started over an answer in wake_word/off mode
+    answer_ended_ms: int | None = None  # mic position where that answer ended
     over_answer: bool = False  # started while an answer was playing or paused
     energy: bool = False  # the onset gate was open at some point during it
 
@@ -423,9 +437,15 @@ class DuplexSession:
 
     def _utterance_ended(self, event: UtteranceEnded) -> None:
         track, self._utterance = self._utterance, _Track()
+        pcm = event.pcm
         if track.ignored:
-            self.stats.dropped_utterances += 1
-            return
+            after_tail = self._after_echo_tail(track, pcm)
+            if after_tail is None:
+                self.stats.dropped_utterances += 1
+                return
+            # Begun in the answer's echo tail, the user's words after it.
+            self.stats.tail_utterances += 1
+            pcm, track = after_tail, _Track(energy=True)
         if track.over_answer and not track.energy:
             # The VAD alone, over the answer, with no energy above the floor: what
             # it hears is residual echo (pymicro-vad fires on it); no words here.
@@ -434,11 +454,36 @@ class DuplexSession:
                 self._resume()
             return
         self.stats.utterances += 1
-        self._utterances.put_nowait(_Utterance(event.pcm, track.over_answer))
+        self._utterances.put_nowait(_Utterance(pcm, track.over_answer))
         if self._stt_task is None:
             self._stt_task = asyncio.get_running_loop().create_task(
                 self._transcribe_loop(), name="rtvoice duplex stt"
             )
+
+    def _after_echo_tail(self, track: _Track, pcm: bytes) -> bytes | None:
+        """Return the part of an ignored utterance after the answer's echo, if loud.
+
+        The utterance ends at the frame just applied (``mic_ms``). Where the
+        answer ended, the echo may go on for ``ECHO_TAIL_MS``; when the utterance is
+        loud after that, it is kept from the quietest frame of the tail on (where
+        the echo had died down, or the user began), else there is nothing to keep.
+        """
+        if track.answer_ended_ms is None:
+            return None
+        frames = [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
+        ended = len(frames) - (self.mic_ms - track.answer_ended_ms) // FRAME_MS
+        tail_end = max(0, ended) + ECHO_TAIL_MS // FRAME_MS
+        if ended < 0 or tail_end >= len(frames):
+            return None
+        tail = [frame_dbfs(frame) for frame in frames[ended:tail_end]]
+        quietest = min(range(len(tail)), key=tail.__getitem__)
+        loud = max(_LOUD_DBFS, tail[quietest] + _LOUD_OVER_DB)
+        loud_frames = 0
+        for frame in frames[tail_end:]:  # stops at the third loud frame
+            loud_frames += frame_dbfs(frame) >= loud
+            if loud_frames == 3:
+                return b"".join(frames[ended + quietest :])
+        return None  # the tail and the VAD's hangover: no words after it
 
     def _stt_pending(self) -> bool:
         return self._transcribing or not self._utterances.empty()
@@ -604,13 +649,26 @@ class DuplexSession:
 
     async def _send_frame(self, frame: bytes) -> None:
         if self._echo is not None:
-            at = self._timeline.sample_at(self.player.frame_play_at)
-            self._echo.far_end(frame, at_sample=at)
+            if self.player.frame_follows:
+                # Back to back on the device: the reference continues sample for
+                # sample. Re-placing each frame from the mic chunks' arrival times
+                # would slip it by a sample now and then (network and loop jitter),
+                # and every slip is a new echo path that AEC3 must re-learn.
+                self._echo.far_end(frame)
+            else:  # the device's queue ran dry: this frame starts a new stretch
+                at = self._timeline.sample_at(self.player.frame_play_at)
+                self._echo.far_end(frame, at_sample=at)
         await self._send(frame)
 
     def _set_state(self, state: SessionState) -> None:
         if state is self.state:
             return
+        if (
+            state is SessionState.LISTENING
+            and self._utterance.ignored
+            and self._utterance.answer_ended_ms is None
+        ):
+            self._utterance.answer_ended_ms = self.mic_ms  # its echo tail begins
         self.state = state
         if self._on_state is not None:
             self._on_state(state)
