@@ -24,10 +24,9 @@ from typing import Literal
 
 from homeassistant.components import conversation
 from homeassistant.components.assist_satellite.entity import AssistSatelliteState
-from homeassistant.const import MATCH_ALL
+from homeassistant.const import EVENT_STATE_CHANGED, MATCH_ALL
 from homeassistant.core import Event, EventStateChangedData, HomeAssistant, callback
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
-from homeassistant.helpers.event import async_track_state_change_event
 
 from .entity import RtVoiceEntity
 from .runtime import RtVoiceConfigEntry
@@ -131,6 +130,10 @@ class RtVoiceConversationEntity(
             return
 
         @callback
+        def _is_satellite(event_data: EventStateChangedData) -> bool:
+            return event_data["entity_id"] == satellite
+
+        @callback
         def _on_state(event: Event[EventStateChangedData]) -> None:
             new = event.data["new_state"]
             if new is None or new.state != AssistSatelliteState.LISTENING:
@@ -144,7 +147,12 @@ class RtVoiceConversationEntity(
             )
             task.cancel()
 
-        unsubscribe = async_track_state_change_event(self.hass, satellite, _on_state)
+        # Straight from the bus, not async_track_state_change_event (which
+        # dispatches a loop iteration later): the turn is cancelled before the new
+        # run can reach the agent, so the new words continue this conversation.
+        unsubscribe = self.hass.bus.async_listen(
+            EVENT_STATE_CHANGED, _on_state, event_filter=_is_satellite
+        )
         try:
             yield
         finally:
