@@ -28,10 +28,13 @@ import argparse
 import asyncio
 from collections.abc import AsyncIterator
 import contextlib
+import os
 from pathlib import Path
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -82,7 +85,86 @@ logger:
   default: warning
   logs:
     custom_components.rtvoice: debug
+{extra_logs}"""
+# --debug-ha: HA's own side of a barge-in (the esphome entity's pipeline start and
+# abort, the pipeline's stages) in the log, with millisecond stamps.
+HA_DEBUG_LOGS = """    homeassistant.components.esphome.assist_satellite: debug
+    homeassistant.components.assist_pipeline: debug
+    homeassistant.components.assist_satellite: debug
+    custom_components.bench_probe: debug
+bench_probe:
 """
+# --debug-ha also loads this probe into HA: it logs every write of the esphome
+# satellite's ``_pipeline_task`` (which task, written by which function, in which
+# task) and what ``_cancel_running_pipeline`` finds and cancels. Diagnostics only.
+PROBE_MANIFEST = """\
+{"domain": "bench_probe", "name": "Bench probe", "version": "0.0.0",
+ "documentation": "https://example.invalid", "codeowners": [],
+ "dependencies": [], "requirements": [], "iot_class": "local_push"}
+"""
+PROBE = '''\
+"""Logs how HA's esphome satellite tracks its pipeline task (bench diagnostics)."""
+
+import asyncio
+import logging
+import sys
+
+from homeassistant.components.assist_satellite import entity as sat_entity
+from homeassistant.components.esphome import assist_satellite as esa
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def _desc(task):
+    if task is None:
+        return "None"
+    state = "done" if task.done() else "running"
+    return f"{task.get_name()}#{id(task) % 100000} ({state})"
+
+
+def _get(self):
+    return self.__dict__.get("_probe_task")
+
+
+def _set(self, task):
+    _LOGGER.debug(
+        "_pipeline_task %s -> %s, written by %s in %s",
+        _desc(self.__dict__.get("_probe_task")),
+        _desc(task),
+        sys._getframe(1).f_code.co_name,
+        _desc(asyncio.current_task()),
+    )
+    self.__dict__["_probe_task"] = task
+
+
+_original_cancel = sat_entity.AssistSatelliteEntity._cancel_running_pipeline
+
+
+async def _cancel_running_pipeline(self):
+    found = self._pipeline_task
+    _LOGGER.debug(
+        "_cancel_running_pipeline in %s finds %s",
+        _desc(asyncio.current_task()),
+        _desc(found),
+    )
+    try:
+        await _original_cancel(self)
+    finally:
+        _LOGGER.debug(
+            "_cancel_running_pipeline in %s done (%s %s)",
+            _desc(asyncio.current_task()),
+            _desc(found),
+            "cancelled" if found is not None and found.cancelled() else "",
+        )
+
+
+async def async_setup(hass, config):
+    esa.EsphomeAssistSatellite._pipeline_task = property(_get, _set)
+    sat_entity.AssistSatelliteEntity._cancel_running_pipeline = (
+        _cancel_running_pipeline
+    )
+    return True
+'''
 
 
 class InstantStt(WyomingSttServer):
@@ -122,6 +204,33 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@contextlib.contextmanager
+def stalled(pid: int, stall: float, period: float) -> Any:
+    """Pause the process ``pid`` for ``stall`` seconds of every ``period`` (a thread).
+
+    A busy machine in miniature: Home Assistant's event loop stops between two of
+    its iterations at random points while the emulators in this process go on, so
+    requests pile up and are handled together when it resumes.
+    """
+    done = threading.Event()
+
+    def pause() -> None:
+        while not done.wait(period - stall):
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(stall)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+    thread = threading.Thread(target=pause, name="stall-hass", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) a process used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -130,20 +239,27 @@ def process_cpu(pid: int) -> float:
 
 @contextlib.asynccontextmanager
 async def home_assistant(
-    session: aiohttp.ClientSession,
+    session: aiohttp.ClientSession, *, log_path: Path = LOG, debug_ha: bool = False
 ) -> AsyncIterator[tuple[Hass, int]]:
     """Start a fresh Home Assistant, onboarded; yield (API client, pid)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="rtvoice-bench-") as config:
         (Path(config) / "configuration.yaml").write_text(
-            CONFIGURATION.format(port=port)
+            CONFIGURATION.format(
+                port=port, extra_logs=HA_DEBUG_LOGS if debug_ha else ""
+            )
         )
         (Path(config) / "custom_components").mkdir()
         (Path(config) / "custom_components" / "rtvoice").symlink_to(
             ROOT / "custom_components" / "rtvoice"
         )
-        log = LOG.open("w")
+        if debug_ha:
+            probe = Path(config) / "custom_components" / "bench_probe"
+            probe.mkdir()
+            (probe / "manifest.json").write_text(PROBE_MANIFEST)
+            (probe / "__init__.py").write_text(PROBE)
+        log = log_path.open("w")
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -151,6 +267,8 @@ async def home_assistant(
             "-c",
             config,
             "--skip-pip",
+            # Not the checkout: its custom_components/ would hide the config's.
+            cwd=config,
             stdout=log,
             stderr=asyncio.subprocess.STDOUT,
         )
@@ -518,7 +636,10 @@ async def main(args: argparse.Namespace) -> None:
     )
     async with (
         aiohttp.ClientSession() as session,
-        home_assistant(session) as (hass, pid),
+        home_assistant(session, log_path=args.hass_log, debug_ha=args.debug_ha) as (
+            hass,
+            pid,
+        ),
         InstantStt([PHRASE], record=False) as stt_server,
         InstantTts(record=False) as tts_server,
         OpenAIPeer(api_key=API_KEY, models=[DEFAULT_MODEL]) as peer,
@@ -554,8 +675,12 @@ async def main(args: argparse.Namespace) -> None:
             await select_pipeline(hass, selects[0], PIPELINE_RV)
             log: list[str] | None = [] if args.log_requests else None
             stt_server.numbered = args.log_requests
-            show(
-                await bench_barge_in(
+            with (
+                stalled(pid, args.stall_ha / 1e3, args.stall_period / 1e3)
+                if args.stall_ha
+                else contextlib.nullcontext()
+            ):
+                row = await bench_barge_in(
                     devices[0],
                     peer,
                     short,
@@ -563,7 +688,7 @@ async def main(args: argparse.Namespace) -> None:
                     barge_at=args.barge_at,
                     log=log,
                 )
-            )
+            show(row)
             stt_server.numbered = False
             if log is not None:
                 print("row 10, every model request:\n" + "\n".join(log), flush=True)
@@ -596,6 +721,23 @@ def _parse() -> Any:
         "--log-requests",
         action="store_true",
         help="row 10: print every model request, the run it came from, its fate",
+    )
+    parser.add_argument(
+        "--hass-log", type=Path, default=LOG, help=f"HA's log file (default {LOG})"
+    )
+    parser.add_argument(
+        "--debug-ha",
+        action="store_true",
+        help="debug logs of HA's esphome satellite and Assist pipeline in the log",
+    )
+    parser.add_argument(
+        "--stall-ha",
+        type=float,
+        default=0.0,
+        help="row 10: pause HA's process this many ms of every --stall-period",
+    )
+    parser.add_argument(
+        "--stall-period", type=float, default=10.0, help="row 10: ms (--stall-ha)"
     )
     parser.add_argument("--quick", action="store_true", help="10 trials, 5 satellites")
     parser.add_argument("--only", help="comma-separated row numbers (9,10,11)")

@@ -3,19 +3,36 @@
 A thin shell: every turn goes to ``SessionManager.async_converse``, which routes it to
 the conversation's kernel child, streams the answer into HA's chat log and turns a
 cancelled call (a new pipeline run on the same satellite) into an interruption.
+
+A satellite's turn also ends when a newer run of that satellite starts listening
+while the turn is answered: its caller (the old pipeline) is cancelled, as Home
+Assistant itself does when it still knows that pipeline. HA 2025.4's esphome
+satellite can lose track of a running pipeline when starts and aborts come back to
+back (``_pipeline_task`` is written by the start handler, by
+``async_accept_pipeline_from_satellite`` and cleared by an older run's ``finally``;
+docs/benchmarks.md, row 10), and the stale answer then went on until the next words
+closed the conversation, or until the model server's read timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
+import contextlib
+import logging
 from typing import Literal
 
 from homeassistant.components import conversation
-from homeassistant.const import MATCH_ALL
-from homeassistant.core import HomeAssistant
+from homeassistant.components.assist_satellite.entity import AssistSatelliteState
+from homeassistant.const import EVENT_STATE_CHANGED, MATCH_ALL
+from homeassistant.core import Event, EventStateChangedData, HomeAssistant, callback
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .entity import RtVoiceEntity
 from .runtime import RtVoiceConfigEntry
+from .sessions.routing import route_key
+
+_LOGGER = logging.getLogger(__name__)
 
 # Turns are independent calls into the entry's sessions, which serialise what needs
 # it themselves; Home Assistant need not serialise anything.
@@ -74,6 +91,69 @@ class RtVoiceConversationEntity(
         chat_log: conversation.ChatLog,
     ) -> conversation.ConversationResult:
         """Answer one turn through the entry's sessions."""
-        return await self.entry.runtime_data.sessions.async_converse(
-            user_input, chat_log, self.entity_id
+        runtime = self.entry.runtime_data
+        satellite, _key = route_key(user_input, runtime.satellites)
+        try:
+            with self._ended_by_a_new_run(satellite):
+                return await runtime.sessions.async_converse(
+                    user_input, chat_log, self.entity_id
+                )
+        except asyncio.CancelledError:
+            # A barge-in (a new pipeline run) cancels the caller; the sessions cut
+            # the round. Logged to tell a missing cancel from a lost one.
+            _LOGGER.debug(
+                "Turn on %s cancelled (conversation %s)",
+                satellite or user_input.device_id or "no satellite",
+                chat_log.conversation_id,
+            )
+            raise
+
+    @contextlib.contextmanager
+    def _ended_by_a_new_run(self, satellite: str | None) -> Iterator[None]:
+        """Cancel the calling pipeline when a newer run of its satellite listens.
+
+        Only for a caller that is the satellite's own run: the satellite is
+        processing (this run's intent stage) when the turn starts. A later switch
+        to listening is a newer run's STT start (HA emits it as a run begins), so
+        the user is speaking again and this answer is stale. When HA cancelled the
+        old pipeline itself, as it normally does, the turn has ended before that.
+        """
+        task = asyncio.current_task()
+        state = self.hass.states.get(satellite) if satellite else None
+        if (
+            satellite is None
+            or task is None
+            or state is None
+            or state.state != AssistSatelliteState.PROCESSING
+        ):
+            yield
+            return
+
+        @callback
+        def _is_satellite(event_data: EventStateChangedData) -> bool:
+            return event_data["entity_id"] == satellite
+
+        @callback
+        def _on_state(event: Event[EventStateChangedData]) -> None:
+            new = event.data["new_state"]
+            if new is None or new.state != AssistSatelliteState.LISTENING:
+                return
+            if task.done() or task.cancelling():
+                return
+            _LOGGER.debug(
+                "A new run listens on %s while its previous turn is answered:"
+                " cancelling that turn's pipeline (Home Assistant did not)",
+                satellite,
+            )
+            task.cancel()
+
+        # Straight from the bus, not async_track_state_change_event (which
+        # dispatches a loop iteration later): the turn is cancelled before the new
+        # run can reach the agent, so the new words continue this conversation.
+        unsubscribe = self.hass.bus.async_listen(
+            EVENT_STATE_CHANGED, _on_state, event_filter=_is_satellite
         )
+        try:
+            yield
+        finally:
+            unsubscribe()

@@ -10,13 +10,14 @@ up to and including the intent stage with our agent, is HA's own pipeline.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 import contextlib
 import json
 from typing import Any
 
 import pytest
 
-from homeassistant.components.assist_pipeline import PipelineEventType
+from homeassistant.components.assist_pipeline import PipelineEventType, PipelineStage
 from homeassistant.const import STATE_OFF, STATE_ON
 from homeassistant.helpers import intent
 from tests.components.pipeline.helpers import (
@@ -105,6 +106,63 @@ async def test_new_run_mid_answer_cancels_the_round(
     assert home.sessions.knows(snapshot.id)
     assert snapshot.interrupted_rounds == 1
     assert snapshot.completed_rounds == 1
+    assert home.closed == []  # a barge-in is no new conversation
+
+
+async def test_new_run_hangs_up_a_run_ha_did_not_cancel(
+    home: Home, openai_peer: OpenAIPeer
+) -> None:
+    """A new run listening on the satellite ends a turn whose run HA forgot.
+
+    HA 2025.4's esphome satellite can lose the record of its running pipeline
+    (``_pipeline_task`` cleared by an older run's ``finally``; docs/benchmarks.md row
+    10); the next run then cancels nothing. That state is set here directly. The
+    new run's STT start (the satellite listens) cancels the old run, the stale
+    model request is hung up while the user still speaks, and the new words are
+    answered in the same conversation, as after HA's own cancel.
+    """
+    await async_setup_rtvoice(home, openai_peer)
+    satellite = home.satellite
+    openai_peer.enqueue(Text("Once upon a time"), Hang())
+    openai_peer.enqueue(Text("It is noon."))
+    first = run_satellite(home, "tell me a story")
+    held = await wait(openai_peer.wait_for_request(1))
+    satellite._pipeline_task = None  # noqa: SLF001 - what HA's race leaves behind
+
+    async def speaking() -> AsyncIterator[bytes]:
+        """Stream the new words: the user still speaks when the answer is cut."""
+        yield bytes(1024)
+        await held.disconnected.wait()
+        yield bytes(1024)
+
+    home.stt.texts.append("what time is it")
+    second = home.hass.async_create_task(
+        satellite.async_accept_pipeline_from_satellite(
+            speaking(), start_stage=PipelineStage.STT, end_stage=PipelineStage.INTENT
+        ),
+        eager_start=False,
+    )
+    try:
+        await wait(held.disconnected.wait())
+    except TimeoutError:  # not hung up: end both runs, so HA can stop
+        first.cancel()
+        second.cancel()
+        raise
+    await cancelled(first)
+    assert first.cancelled()
+    await finished(second)
+
+    (end,) = satellite.events_of(PipelineEventType.INTENT_END)  # only run 2 ended
+    assert spoken(end.data["intent_output"]) == "It is noon."
+    messages = openai_peer.requests[1].messages
+    assert [(m["role"], m["content"]) for m in messages[1:]] == [
+        ("user", "tell me a story"),
+        ("user", "what time is it"),
+    ]
+    snapshot = home.sessions.stats(SATELLITE)
+    assert snapshot is not None
+    assert snapshot.id == end.data["intent_output"]["conversation_id"]
+    assert (snapshot.interrupted_rounds, snapshot.completed_rounds) == (1, 1)
     assert home.closed == []  # a barge-in is no new conversation
 
 

@@ -272,11 +272,27 @@ class Kernel:
         if voided is not None:
             future = child.tickets.pop(seq, None)
             child.supersede(voided, future, carried_into=None)
+            _LOGGER.debug("Child %s: input %s withdrawn from the slot", child_id, seq)
             return True
         rnd = child.round
         if rnd is not None and rnd.seq == seq and not rnd.finished:
             rnd.withdrawn = not rnd.model_called  # not yet at the model: superseded
-            return self.interrupt(child_id)
+            cut = self.interrupt(child_id)
+            _LOGGER.debug(
+                "Child %s: input %s withdrawn from its round (model called: %s,"
+                " cut: %s)",
+                child_id,
+                seq,
+                rnd.model_called,
+                cut,
+            )
+            return cut
+        _LOGGER.debug(
+            "Child %s: input %s not withdrawn (round %s)",
+            child_id,
+            seq,
+            "none" if rnd is None else f"{rnd.seq}, finished: {rnd.finished}",
+        )
         return False
 
     def acknowledge(
@@ -349,6 +365,11 @@ class Kernel:
             return
         if child.critical > 0:
             child.suppressed_cancels += 1
+            _LOGGER.debug(
+                "Child %s: cut of round %s waits for its critical section",
+                child.options.id,
+                rnd.seq,
+            )
         else:
             rnd.task.cancel()
 

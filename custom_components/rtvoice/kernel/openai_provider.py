@@ -136,6 +136,9 @@ class OpenAIChatProvider:
             )
         except (openai.OpenAIError, httpx.HTTPError) as err:
             raise self._translate(err) from err
+        except asyncio.CancelledError:
+            _LOGGER.debug("Model request cancelled before its response headers")
+            raise
 
         assembler = ToolCallAssembler()
         try:
@@ -161,6 +164,9 @@ class OpenAIChatProvider:
                             )
                     if delta.content:
                         yield Delta(content=delta.content)
+        except asyncio.CancelledError:
+            _LOGGER.debug("Model response cancelled: hanging up")
+            raise
         finally:
             # Runs on normal end, errors, aclose() and cancellation alike.
             await _release(response_stream)
