@@ -13,7 +13,7 @@ Unique ids: ``<base url without trailing slash>|<model>`` for an endpoint,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 import logging
 import socket
@@ -945,17 +945,32 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
     ) -> ConfigFlowResult:
         """Pick the satellite whose settings to change (none to pick: only one)."""
         satellites = self._duplex()
-        if len(satellites) == 1:
-            self._configuring = satellite_key(satellites[0])
-            return await self.async_step_duplex_settings()
+        return await self._async_pick_satellite(
+            "configure_duplex",
+            user_input,
+            [satellite_key(s) for s in satellites],
+            _satellite_selector(satellites),
+            self.async_step_duplex_settings,
+        )
+
+    async def _async_pick_satellite(
+        self,
+        step_id: str,
+        user_input: dict[str, Any] | None,
+        keys: list[str],
+        selector: SelectSelector,
+        settings_step: Callable[[], Awaitable[ConfigFlowResult]],
+    ) -> ConfigFlowResult:
+        """Ask which satellite to configure (skipped with one), then its settings."""
+        if len(keys) == 1:
+            self._configuring = keys[0]
+            return await settings_step()
         if user_input is not None:
             self._configuring = user_input[CONF_SATELLITE]
-            return await self.async_step_duplex_settings()
+            return await settings_step()
         return self.async_show_form(
-            step_id="configure_duplex",
-            data_schema=vol.Schema(
-                {vol.Required(CONF_SATELLITE): _satellite_selector(satellites)}
-            ),
+            step_id=step_id,
+            data_schema=vol.Schema({vol.Required(CONF_SATELLITE): selector}),
         )
 
     async def async_step_duplex_settings(
@@ -1099,17 +1114,12 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
     ) -> ConfigFlowResult:
         """Pick the Wyoming satellite whose settings to change (only one: that one)."""
         satellites = self._wyoming()
-        if len(satellites) == 1:
-            self._configuring = wyoming_key(satellites[0])
-            return await self.async_step_wyoming_settings()
-        if user_input is not None:
-            self._configuring = user_input[CONF_SATELLITE]
-            return await self.async_step_wyoming_settings()
-        return self.async_show_form(
-            step_id="configure_wyoming",
-            data_schema=vol.Schema(
-                {vol.Required(CONF_SATELLITE): _wyoming_selector(satellites)}
-            ),
+        return await self._async_pick_satellite(
+            "configure_wyoming",
+            user_input,
+            [wyoming_key(s) for s in satellites],
+            _wyoming_selector(satellites),
+            self.async_step_wyoming_settings,
         )
 
     async def async_step_wyoming_settings(
