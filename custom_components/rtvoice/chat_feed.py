@@ -67,6 +67,7 @@ class ChatLogFeed:
     ) -> None:
         """Start the writing task (a background task of the entry)."""
         self._queue: asyncio.Queue[_FeedItem] = asyncio.Queue()
+        self._last_text = ""
         self._task = entry.async_create_background_task(
             hass,
             self._async_write(chat_log, agent_id),
@@ -75,7 +76,19 @@ class ChatLogFeed:
 
     def delta(self, text: str) -> None:
         """Queue a text delta of the answer."""
+        if text:
+            self._last_text = text
         self._queue.put_nowait(text)
+
+    def pause(self) -> None:
+        """End what was said with a space: the answer's text waits for tool calls.
+
+        A streaming TTS engine releases a sentence once the character after its
+        period arrives; a space is that character (HA adds one itself between two
+        assistant messages), so the preamble before a tool is spoken at once.
+        """
+        if self._last_text and not self._last_text[-1].isspace():
+            self.delta(" ")
 
     def tool(self, call: ToolCall, result: str) -> None:
         """Queue a finished tool call and its result."""

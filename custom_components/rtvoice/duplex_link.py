@@ -55,23 +55,45 @@ _LOGGER = logging.getLogger(__name__)
 _COUNTER = itertools.count(1)
 
 
+type _Route = Callable[[int], None]
+
+
 class RoundEnds:
-    """``Kernel(on_round_end=...)``: routes each round's end to its conversation."""
+    """Routes the kernel's text signals of each child to its conversation.
+
+    ``Kernel(on_round_end=round_ends, on_text_pause=round_ends.paused)``: a round's
+    end, and its text pausing for tool calls.
+    """
 
     def __init__(self) -> None:
         """Start with no routes."""
-        self._routes: dict[str, Callable[[int], None]] = {}
+        self._routes: dict[str, tuple[_Route, _Route]] = {}
 
     def __call__(self, child_id: str, seq: int) -> None:
         """Forward the end of round ``seq`` of ``child_id`` (unknown: ignored)."""
         route = self._routes.get(child_id)
         if route is not None:
-            route(seq)
+            route[0](seq)
 
-    def add(self, child_id: str, route: Callable[[int], None]) -> Callable[[], None]:
-        """Route ``child_id``'s round ends to ``route``; returns the remover."""
-        self._routes[child_id] = route
+    def paused(self, child_id: str, seq: int) -> None:
+        """Forward that round ``seq``'s text waits for tool calls (unknown: ignored)."""
+        route = self._routes.get(child_id)
+        if route is not None:
+            route[1](seq)
+
+    def add(
+        self,
+        child_id: str,
+        route: Callable[[int], None],
+        pause: Callable[[int], None] | None = None,
+    ) -> Callable[[], None]:
+        """Route ``child_id``'s round ends (and pauses) here; returns the remover."""
+        self._routes[child_id] = (route, pause or _ignore)
         return lambda: self._routes.pop(child_id, None) and None
+
+
+def _ignore(seq: int) -> None:
+    """Take no pause (a route without one)."""
 
 
 async def warm_segmenter() -> UtteranceSegmenter:
@@ -198,7 +220,7 @@ class DuplexConversation:
         )
         if binding.round_ends is not None:
             conversation._unroute = binding.round_ends.add(
-                child_id, conversation._output_end
+                child_id, conversation._output_end, conversation._output_pause
             )
         try:
             await kernel.spawn(
@@ -374,6 +396,9 @@ class DuplexConversation:
 
     def _output_end(self, seq: int) -> None:
         self.session.output_end(seq)
+
+    def _output_pause(self, seq: int) -> None:
+        self.session.output_pause(seq)
 
     # --- closing -------------------------------------------------------------------
 

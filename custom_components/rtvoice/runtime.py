@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+import functools
 from typing import Any
 
 from homeassistant.config_entries import ConfigEntry
@@ -93,6 +94,14 @@ class RtVoiceRuntime:
         self.satellites.async_stop()
 
 
+def _text_paused(
+    round_ends: RoundEnds, sessions: SessionManager, child_id: str, seq: int
+) -> None:
+    """Kernel(on_text_pause=...): to the duplex conversation or the Assist turn."""
+    round_ends.paused(child_id, seq)
+    sessions.on_text_pause(child_id, seq)
+
+
 type RtVoiceConfigEntry = ConfigEntry[RtVoiceRuntime]
 
 
@@ -122,6 +131,7 @@ async def async_build_runtime(
         on_state=sessions.on_state,
         on_tool_result=sessions.on_tool_result,
         on_round_end=round_ends,
+        on_text_pause=functools.partial(_text_paused, round_ends, sessions),
     )
     sessions.start(kernel)
     await satellites.async_start()

@@ -1,10 +1,12 @@
-"""The output side's view of rounds: ``current_round_seq()`` and ``on_round_end``.
+"""The output side's view of rounds: ``current_round_seq()``, ``on_round_end``, ``on_text_pause``.
 
 A duplex session (``custom_components/rtvoice/duplex``) must know which round each
 delta belongs to and when a round will emit no more text, without waiting for its
 own final acknowledgement. Contract: every delta of round ``seq`` reaches the
 handler with ``current_round_seq() == seq``, then ``on_round_end(child, seq)`` fires
-exactly once, whatever the ending.
+exactly once, whatever the ending. ``on_text_pause(child, seq)`` fires once per model
+call that ended with tool calls, after that call's last delta and before its first
+tool starts (the output speaks a held-back preamble, issue 17 item 9).
 """
 
 from __future__ import annotations
@@ -58,7 +60,13 @@ class Hooks:
         channels.register_output(
             "c1-out", self._handler, definition=ChannelDef(realtime=True)
         )
-        self.kernel = Kernel(provider, channels, tools=tools, on_round_end=self._end)
+        self.kernel = Kernel(
+            provider,
+            channels,
+            tools=tools,
+            on_round_end=self._end,
+            on_text_pause=self._pause,
+        )
 
     def _handler(self, text: str) -> None:
         self.events.append(("delta", current_child_id(), current_round_seq(), text))
@@ -66,6 +74,12 @@ class Hooks:
 
     def _end(self, child_id: str, seq: int) -> None:
         self.events.append(("end", child_id, seq, ""))
+        self.notifier.notify()
+        if self._raise:
+            raise RuntimeError("hook failed")
+
+    def _pause(self, child_id: str, seq: int) -> None:
+        self.events.append(("pause", child_id, seq, ""))
         self.notifier.notify()
         if self._raise:
             raise RuntimeError("hook failed")
@@ -94,7 +108,7 @@ class Hooks:
             if kind == "end":
                 ended.add(seq)
             else:
-                assert seq not in ended, f"delta of {seq} after its end"
+                assert seq not in ended, f"{kind} of {seq} after its end"
 
     def text_of(self, seq: int) -> str:
         """Every delta of round ``seq``."""
@@ -242,4 +256,66 @@ async def test_a_failing_hook_is_logged_and_the_child_goes_on(
         assert (await outcome(second)).status == "completed"
     assert "on_round_end callback failed" in caplog.text
     hooks.assert_order()
+    await hooks.kernel.stop_all()
+
+
+async def test_text_pauses_before_each_tool_group_starts() -> None:
+    """One pause per model call that ends in tool calls, before its first tool runs."""
+    provider = ScriptedProvider()
+    tools = ScriptedToolRunner({"lights": ToolBehaviour(result="done")})
+    provider.on(
+        "lights on",
+        [Text("Let me check."), Tools.of(call("t1", "lights"), call("t2", "lights"))],
+        [Text("One more."), Tools.of(call("t3", "lights"))],
+        [Text("Done.")],
+    )
+    hooks = Hooks(provider, tools)
+    tools.on_start = lambda record: hooks.events.append(
+        ("tool", "c1", current_round_seq(), record.call.id)
+    )
+    await hooks.spawn()
+    ticket = hooks.kernel.push("c1", "lights on")
+    assert (await outcome(ticket)).status == "completed"
+    await hooks.wait_ended(ticket.seq)
+    hooks.assert_order()
+    assert [(kind, text) for kind, _, _, text in hooks.events] == [
+        ("delta", "Let me check."),
+        ("pause", ""),
+        ("tool", "t1"),
+        ("tool", "t2"),
+        ("delta", "One more."),
+        ("pause", ""),
+        ("tool", "t3"),
+        ("delta", "Done."),
+        ("end", ""),
+    ]
+    assert {seq for _, _, seq, _ in hooks.events} == {ticket.seq}
+    await hooks.kernel.stop_all()
+
+
+async def test_a_round_without_tools_never_pauses() -> None:
+    """A plain answer: deltas and one end, no pause."""
+    provider = ScriptedProvider()
+    provider.on("hi", [Text("Hello.")])
+    hooks = Hooks(provider)
+    await hooks.spawn()
+    await outcome(hooks.kernel.push("c1", "hi"))
+    assert [kind for kind, *_ in hooks.events] == ["delta", "end"]
+    await hooks.kernel.stop_all()
+
+
+async def test_a_raising_pause_hook_never_breaks_the_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pause hook's error is logged; the tool still runs and the round completes."""
+    provider = ScriptedProvider()
+    tools = ScriptedToolRunner({"lights": ToolBehaviour(result="done")})
+    provider.on("lights on", [Tools.of(call("t1", "lights"))], [Text("On.")])
+    hooks = Hooks(provider, tools, raise_in_hook=True)
+    await hooks.spawn()
+    with caplog.at_level(logging.ERROR):
+        result = await outcome(hooks.kernel.push("c1", "lights on"))
+    assert result.status == "completed" and result.text == "On."
+    assert len(tools.calls) == 1
+    assert "on_text_pause callback failed" in caplog.text
     await hooks.kernel.stop_all()

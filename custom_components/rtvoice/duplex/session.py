@@ -45,7 +45,7 @@ from functools import partial
 import logging
 from typing import Any
 
-from .audio import FRAME_BYTES, FRAME_MS, FrameChunker, frame_dbfs
+from .audio import BYTES_PER_MS, FRAME_BYTES, FRAME_MS, FrameChunker, frame_dbfs
 from .clock import Clock
 from .contracts import (
     BargeIn,
@@ -150,6 +150,7 @@ class _Answer:
         self.ledger = HeardLedger(seq)
         self.sentences: asyncio.Queue[Sentence | None] = asyncio.Queue()
         self.text_ended = False
+        self.text_paused = False  # the text waits for tool calls
         self.task: asyncio.Task[None] | None = None
         self.acked = 0
 
@@ -257,7 +258,24 @@ class DuplexSession:
                 self._cut_answer()  # a newer round supersedes what plays
             answer = self._open_answer(seq)
         self._silent_ms = 0
+        answer.text_paused = False
         for sentence in answer.splitter.feed(text):
+            answer.sentences.put_nowait(sentence)
+
+    def output_pause(self, seq: int) -> None:
+        """Round ``seq``'s text waits for its tool calls: speak what is held back.
+
+        The splitter judges a sentence's end only once the next character arrives;
+        while a tool runs none arrives, so the preamble the model said before it
+        ("Let me check the heating.") would stay silent until the tool returns.
+        """
+        answer = self._answer
+        if self.state is SessionState.ENDED or answer is None or answer.seq != seq:
+            return
+        if answer.text_ended:
+            return
+        answer.text_paused = True
+        for sentence in answer.splitter.flush():
             answer.sentences.put_nowait(sentence)
 
     def output_end(self, seq: int) -> None:
@@ -600,7 +618,7 @@ class DuplexSession:
             self._set_state(SessionState.LISTENING)
 
     async def _speak(self, answer: _Answer) -> None:
-        while (sentence := await answer.sentences.get()) is not None:
+        while (sentence := await self._next_sentence(answer)) is not None:
             self._acknowledge_progress(answer)
             await self._synthesise(answer, sentence)
         self.player.finish()
@@ -611,6 +629,25 @@ class DuplexSession:
         self._last_closed_seq = max(self._last_closed_seq, answer.seq)
         self._child.acknowledge(answer.seq, answer.splitter.length, final=True)
         self._set_state(SessionState.LISTENING)
+
+    async def _next_sentence(self, answer: _Answer) -> Sentence | None:
+        """Wait for the answer's next sentence (None: its text ended).
+
+        While the text waits for tool calls, what was queued is acknowledged once it
+        has played: the kernel commits the tool group with the text heard by then,
+        and the user heard the preamble during the tool, not after it.
+        """
+        if not (answer.text_paused and answer.sentences.empty()):
+            return await answer.sentences.get()
+        getter = asyncio.ensure_future(answer.sentences.get())
+        try:
+            left = self.player.queued_bytes + self.player.device_queued_bytes()
+            await asyncio.wait((getter,), timeout=left / BYTES_PER_MS / 1000 + 0.01)
+            if not getter.done():
+                self._acknowledge_progress(answer)
+            return await getter
+        finally:
+            getter.cancel()
 
     async def _synthesise(self, answer: _Answer, sentence: Sentence) -> None:
         started = False

@@ -153,6 +153,7 @@ class Kernel:
         on_state: Callable[[str, str], None] | None = None,
         on_tool_result: Callable[[str, ToolCall, str], None] | None = None,
         on_round_end: Callable[[str, int], None] | None = None,
+        on_text_pause: Callable[[str, int], None] | None = None,
         stop_tool_timeout: float = STOP_TOOL_TIMEOUT,
         archive_limit: int = ARCHIVE_LIMIT,
     ) -> None:
@@ -167,6 +168,10 @@ class Kernel:
         text: once per pushed input, after its round's last delta, whatever the
         ending (completed, cut, failed, superseded, stopped), without waiting for
         the output side's acknowledgement.
+        ``on_text_pause(child_id, seq)`` says that the text of input ``seq``'s
+        round stops here until its tool calls return (the model's call ended with
+        tool calls): an output that holds back a last, unfinished-looking sentence
+        should speak it now, since the user hears nothing while the tools run.
         Callbacks run in the event loop and must not block; their errors are
         logged, never raised into a round.
         """
@@ -180,6 +185,7 @@ class Kernel:
         self._on_state = on_state
         self._on_tool_result = on_tool_result
         self._on_round_end = on_round_end
+        self._on_text_pause = on_text_pause
         self._stop_tool_timeout = stop_tool_timeout
         self._archive_limit = archive_limit
         self._children: dict[str, Child] = {}
@@ -630,10 +636,20 @@ class Kernel:
                 child.end_completed(rnd)
                 return
             turns += 1
+            self._text_paused(child, rnd)
             await self._run_tools(child, rnd, text, calls, limit_reached=limit_reached)
             if limit_reached:  # the model ignored the tool limit: stop here
                 child.end_completed(rnd)
                 return
+
+    def _text_paused(self, child: Child, rnd: Round) -> None:
+        """Tell the output side that the round's text waits for its tool calls."""
+        if self._on_text_pause is None:
+            return
+        try:
+            self._on_text_pause(child.options.id, rnd.seq)
+        except Exception:
+            _LOGGER.exception("on_text_pause callback failed")
 
     def _specs(self) -> list[ToolSpec]:
         specs = list(self.tools.specs()) if self.tools is not None else []

@@ -40,6 +40,7 @@ from homeassistant.config_entries import ConfigEntry
 from homeassistant.core import CALLBACK_TYPE, Context, HomeAssistant, callback
 from homeassistant.util.ulid import ulid_now
 
+from .. import compat
 from ..brain import Brain
 from ..chat_feed import (
     APOLOGY,
@@ -579,6 +580,19 @@ class SessionManager:
             self._lifecycle.send_update(session)
         elif child_id in self._index.duplex:
             self._duplex_update(child_id)
+
+    def on_text_pause(self, child_id: str, seq: int) -> None:
+        """Kernel callback: round ``seq``'s text waits for its tool calls.
+
+        Where HA streams the answer to TTS, the waiting turn's feed ends the text so
+        far with a space, so the TTS engine's sentence splitter speaks the preamble
+        ("Let me check.") now instead of after the tools return.
+        """
+        session = self._index.sessions.get(child_id)
+        if session is None or session.key is None or not compat.tts_streams_answers():
+            return
+        if (turn := session.current_turn()) is not None and turn.seq == seq:
+            turn.feed.pause()
 
     def on_tool_result(self, child_id: str, call: ToolCall, result: str) -> None:
         """Kernel callback: record a finished tool call in the waiting turn's chat log."""
