@@ -2,7 +2,10 @@
 
 Issue 12 items 16 and 17: the configuration loads automations, scripts and scenes
 made in the UI from the files a stock installation has, and the dev helper gives the
-preferred Assist pipeline speech engines that work offline.
+preferred Assist pipeline speech engines that work offline. Issue 17 item 6: offline
+it does not look broken (no traceback per dashboard load from the demo players'
+internet pictures, no failing onboarding entries, the helper not offered in *Add
+integration*).
 """
 
 from __future__ import annotations
@@ -14,13 +17,24 @@ import subprocess
 from types import ModuleType
 from unittest.mock import patch
 
-from homeassistant import config as conf_util
+import aiohttp
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.test_util.aiohttp import AiohttpClientMocker
+
+from homeassistant import config as conf_util, loader
 from homeassistant.components.assist_pipeline.pipeline import (
     async_get_pipeline,
     async_update_pipeline,
 )
+from homeassistant.components.media_player import DATA_COMPONENT
+from homeassistant.config_entries import (
+    SIGNAL_CONFIG_ENTRY_CHANGED,
+    ConfigEntryChange,
+    ConfigEntryState,
+)
 from homeassistant.const import Platform
 from homeassistant.core import HomeAssistant
+from homeassistant.helpers.dispatcher import async_dispatcher_send
 from homeassistant.setup import async_setup_component
 
 ROOT = Path(__file__).parents[2]
@@ -138,3 +152,60 @@ async def test_dev_pipeline_gets_offline_speech_engines(
         )
         await load_dev_helper().async_complete_pipeline(hass)
         assert async_get_pipeline(hass).tts_language == "de"
+
+
+async def test_the_dev_helper_is_not_offered_in_add_integration(
+    hass: HomeAssistant,
+) -> None:
+    """Its manifest keeps it out of the list the frontend's Add integration shows."""
+    hass.config.config_dir = str(CONFIG)
+    hass.data.pop(loader.DATA_CUSTOM_COMPONENTS, None)
+    descriptions = await loader.async_get_integration_descriptions(hass)
+    custom = descriptions["custom"]
+    assert "rtvoice_dev" not in {**custom["integration"], **custom["helper"]}
+    assert "rtvoice" in custom["integration"]  # the integration itself is offered
+    hass.data.pop(loader.DATA_CUSTOM_COMPONENTS, None)
+
+
+async def test_failing_onboarding_entries_that_need_the_internet_are_removed(
+    hass: HomeAssistant,
+) -> None:
+    """Met.no added by onboarding and failing: removed; others and the user's stay."""
+    unsubscribe = load_dev_helper().remove_failed_online_only_entries(hass)
+    failing = MockConfigEntry(domain="met", source="onboarding", title="Home")
+    users = MockConfigEntry(domain="met", source="user", title="Cabin")
+    working = MockConfigEntry(domain="radio_browser", source="onboarding")
+    other = MockConfigEntry(domain="shopping_list", source="onboarding")
+    for entry, state in (
+        (failing, ConfigEntryState.SETUP_RETRY),
+        (users, ConfigEntryState.SETUP_RETRY),
+        (working, ConfigEntryState.LOADED),
+        (other, ConfigEntryState.SETUP_ERROR),
+    ):
+        entry.add_to_hass(hass)
+        entry.mock_state(hass, state)
+        async_dispatcher_send(
+            hass, SIGNAL_CONFIG_ENTRY_CHANGED, ConfigEntryChange.UPDATED, entry
+        )
+    await hass.async_block_till_done()
+    remaining = {e.entry_id for e in hass.config_entries.async_entries()}
+    assert remaining == {users.entry_id, working.entry_id, other.entry_id}
+    unsubscribe()
+
+
+async def test_a_demo_picture_that_cannot_be_fetched_is_just_missing(
+    hass: HomeAssistant, aioclient_mock: AiohttpClientMocker
+) -> None:
+    """Offline the image proxy's fetch fails: no exception (no traceback), no image."""
+    url = "https://img.youtube.com/vi/eyU3bRy2x44/hqdefault.jpg"
+    aioclient_mock.get(url, exc=aiohttp.ClientConnectionError("offline"))
+    with patch(
+        "homeassistant.components.demo.COMPONENTS_WITH_CONFIG_ENTRY_DEMO_PLATFORM",
+        [Platform.MEDIA_PLAYER],
+    ):
+        assert await async_setup_component(hass, "demo", {"demo": {}})
+        await hass.async_block_till_done()
+    player = hass.data[DATA_COMPONENT].get_entity("media_player.living_room")
+    assert player is not None and player.media_image_url == url
+    load_dev_helper().quiet_demo_pictures(hass)
+    assert await player.async_get_media_image() == (None, None)
