@@ -7,6 +7,7 @@ from homeassistant.core import Event, HomeAssistant
 from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers.typing import ConfigType
 
+from .assistant import async_create_assistant_once
 from .const import DOMAIN
 from .control_api import async_register_control_api
 from .duplex_owner import async_watch_satellite_conflicts
@@ -50,6 +51,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> b
         hass.bus.async_listen_once(EVENT_HOMEASSISTANT_STOP, _async_on_hass_stop)
     )
     await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
+    await async_create_assistant_once(hass, entry)
     entry.async_on_unload(async_register_control_api(hass, entry))
     entry.async_on_unload(async_watch_satellite_conflicts(hass, entry))
     entry.async_on_unload(entry.add_update_listener(_async_update_listener))

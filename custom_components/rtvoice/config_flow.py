@@ -69,6 +69,7 @@ from .const import (
     CONF_CARRY_OVER,
     CONF_CHUNK_TIMEOUT,
     CONF_CONTEXT_WINDOW,
+    CONF_CREATE_ASSISTANT,
     CONF_DUPLEX_SATELLITES,
     CONF_ECHO_CANCELLATION,
     CONF_END_SILENCE,
@@ -170,6 +171,7 @@ STEP_OPENAI_SCHEMA = vol.Schema(
         vol.Required(CONF_BASE_URL, default=DEFAULT_BASE_URL): _URL_SELECTOR,
         vol.Optional(CONF_API_KEY): _KEY_SELECTOR,
         vol.Required(CONF_MODEL, default=DEFAULT_MODEL): _MODEL_SELECTOR,
+        vol.Required(CONF_CREATE_ASSISTANT, default=True): BooleanSelector(),
     }
 )
 STEP_REAUTH_SCHEMA = vol.Schema({vol.Required(CONF_API_KEY): _KEY_SELECTOR})
@@ -214,6 +216,7 @@ def _ha_agent_schema(hass: HomeAssistant) -> vol.Schema:
             vol.Required(CONF_AGENT_ID, default=DEFAULT_AGENT_ID): _agent_selector(
                 hass
             ),
+            vol.Required(CONF_CREATE_ASSISTANT, default=True): BooleanSelector(),
         }
     )
 
@@ -221,6 +224,13 @@ def _ha_agent_schema(hass: HomeAssistant) -> vol.Schema:
 @callback
 def _reconfigure_ha_agent_schema(hass: HomeAssistant) -> vol.Schema:
     return vol.Schema({vol.Required(CONF_AGENT_ID): _agent_selector(hass)})
+
+
+def _assistant_offer(user_input: dict[str, Any]) -> dict[str, Any]:
+    """Return the entry data that makes the first setup create an assistant."""
+    return (
+        {CONF_CREATE_ASSISTANT: True} if user_input.get(CONF_CREATE_ASSISTANT) else {}
+    )
 
 
 @callback
@@ -444,7 +454,8 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                             CONF_MODEL: model,
                         },
                         api_key,
-                    ),
+                    )
+                    | _assistant_offer(user_input),
                     options=dict(DEFAULT_OPTIONS_OPENAI),
                 )
         return self.async_show_form(
@@ -474,7 +485,8 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                         user_input[CONF_NAME].strip() or DEFAULT_NAME,
                         info.name if info is not None else agent_id,
                     ),
-                    data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: agent_id},
+                    data={CONF_BRAIN: BRAIN_HA_AGENT, CONF_AGENT_ID: agent_id}
+                    | _assistant_offer(user_input),
                     options=dict(DEFAULT_OPTIONS_HA_AGENT),
                 )
         return self.async_show_form(

@@ -35,6 +35,8 @@ VALIDATION_TIMEOUT: Final = 15.0
 # Home Assistant conversation agent brain: an agent id as the conversation agent
 # selector returns it (an entity id, or a legacy agent's config entry id).
 CONF_AGENT_ID: Final = "agent_id"
+# Config flow → first setup: create a "Realtime Voice" assistant (assistant.py).
+CONF_CREATE_ASSISTANT: Final = "create_assistant"
 DEFAULT_AGENT_ID: Final = "conversation.home_assistant"  # the built-in intent agent
 
 # --- options ----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from custom_components.rtvoice.const import (
     CONF_CARRY_OVER,
     CONF_CHUNK_TIMEOUT,
     CONF_CONTEXT_WINDOW,
+    CONF_CREATE_ASSISTANT,
     CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
@@ -221,7 +222,13 @@ async def test_user_menu_offers_both_brains(hass: HomeAssistant) -> None:
 async def test_openai_form_defaults(hass: HomeAssistant) -> None:
     """The endpoint form pre-fills name, OpenAI's URL and a small model."""
     result = await start_brain(hass, BRAIN_OPENAI)
-    assert fields(result) == {CONF_NAME, CONF_BASE_URL, CONF_API_KEY, CONF_MODEL}
+    assert fields(result) == {
+        CONF_NAME,
+        CONF_BASE_URL,
+        CONF_API_KEY,
+        CONF_MODEL,
+        CONF_CREATE_ASSISTANT,
+    }
     assert suggested(result, CONF_NAME) == DEFAULT_NAME
     assert suggested(result, CONF_BASE_URL) == DEFAULT_BASE_URL
     assert suggested(result, CONF_MODEL) == DEFAULT_MODEL
@@ -273,6 +280,7 @@ async def test_openai_creates_entry_with_key(
         CONF_BASE_URL: openai_peer.base_url,
         CONF_API_KEY: PEER_API_KEY,
         CONF_MODEL: PEER_MODEL,
+        CONF_CREATE_ASSISTANT: True,  # the default: the first setup creates one
     }
     assert result["options"] == DEFAULT_OPTIONS_OPENAI
     entry = result["result"]
@@ -300,6 +308,7 @@ async def test_openai_without_key_for_local_server(
         CONF_BRAIN: BRAIN_OPENAI,
         CONF_BASE_URL: openai_peer.base_url,
         CONF_MODEL: PEER_MODEL,
+        CONF_CREATE_ASSISTANT: True,
     }
 
 
@@ -525,7 +534,7 @@ async def test_openai_same_server_other_model_is_allowed(
 async def test_ha_agent_form_defaults_to_builtin_agent(hass: HomeAssistant) -> None:
     """The agent form pre-selects the built-in intent agent."""
     result = await start_brain(hass, BRAIN_HA_AGENT)
-    assert fields(result) == {CONF_NAME, CONF_AGENT_ID}
+    assert fields(result) == {CONF_NAME, CONF_AGENT_ID, CONF_CREATE_ASSISTANT}
     assert (
         suggested(result, CONF_AGENT_ID)
         == DEFAULT_AGENT_ID
@@ -548,6 +557,7 @@ async def test_ha_agent_creates_entry(
     assert result["data"] == {
         CONF_BRAIN: BRAIN_HA_AGENT,
         CONF_AGENT_ID: DEFAULT_AGENT_ID,
+        CONF_CREATE_ASSISTANT: True,
     }
     assert result["options"] == DEFAULT_OPTIONS_HA_AGENT
     assert CONF_LLM_HASS_API not in result["options"]
