@@ -188,7 +188,12 @@ def satellite_unique_id(entry_id: str, key: str) -> str:
 
 
 def satellite_device_info(key: str, conf: Mapping[str, Any]) -> dr.DeviceInfo:
-    """Describe the satellite's device (its MAC joins HA esphome's device)."""
+    """Describe the satellite's device (its MAC joins HA esphome's device).
+
+    No manufacturer or model: on a device shared with HA's esphome integration they
+    would replace the board's own ("Duplex satellite by ESPHome" over "Home
+    Assistant Voice PE by Nabu Casa").
+    """
     connections = set()
     if conf.get(CONF_MAC):
         connections.add((dr.CONNECTION_NETWORK_MAC, format_mac(str(conf[CONF_MAC]))))
@@ -196,8 +201,6 @@ def satellite_device_info(key: str, conf: Mapping[str, Any]) -> dr.DeviceInfo:
         identifiers={(DOMAIN, f"duplex-{key}")},
         connections=connections,
         name=str(conf.get("name") or conf[CONF_HOST]),
-        manufacturer="ESPHome",
-        model="Duplex satellite",
     )
 
 

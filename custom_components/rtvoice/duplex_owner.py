@@ -135,14 +135,29 @@ def esphome_voice_entries(hass: HomeAssistant) -> list[ConfigEntry]:
     ]
 
 
+# HA esphome's voice entities of a device (``EsphomeAssistEntity``: unique id
+# "<mac>-<key>"): the Assist satellite, its assistant (pipeline), finished-speaking
+# detection and wake word selects, and the assist-in-progress sensor.
+ESPHOME_VOICE_KEYS: Final = (
+    "assist_satellite",
+    "pipeline",
+    "vad_sensitivity",
+    "wake_word",
+    "assist_in_progress",
+)
+
+
 @callback
-def esphome_satellite_entities(
+def esphome_voice_entities(
     hass: HomeAssistant, mac: str, *, enabled_only: bool = True
 ) -> list[er.RegistryEntry]:
-    """Return HA's ``esphome`` ``assist_satellite`` entities of the device ``mac``.
+    """Return HA's ``esphome`` voice entities of the device ``mac``.
 
-    Matched through the device registry (the MAC connection) and through the
-    ``esphome`` entry whose unique id is the MAC, whichever finds them.
+    A device taken over for duplex mode shows Realtime Voice's own satellite and
+    assistant select; ESPHome's would be a second, identical "Assistant" select
+    that does not apply. Matched through the device registry (the MAC
+    connection) and through the ``esphome`` entry whose unique id is the MAC,
+    whichever finds them.
     """
     registry = er.async_get(hass)
     key = dr.format_mac(mac)
@@ -162,7 +177,7 @@ def esphome_satellite_entities(
         entity
         for entity in found.values()
         if entity.platform == ESPHOME_DOMAIN
-        and entity.domain == ASSIST_SATELLITE
+        and str(entity.unique_id).rpartition("-")[2] in ESPHOME_VOICE_KEYS
         and not (enabled_only and entity.disabled)
     ]
 
@@ -199,7 +214,7 @@ def async_watch_satellite_conflicts(
         wanted: set[str] = set()
         for conf in satellites:
             key = satellite_key(conf)
-            entities = esphome_satellite_entities(hass, key)
+            entities = esphome_voice_entities(hass, key)
             if not entities:
                 continue
             issue_id = conflict_issue_id(entry.entry_id, key)

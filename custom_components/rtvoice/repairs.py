@@ -4,8 +4,10 @@ Only one API client can own a device's voice assistant: the last one to subscrib
 While HA's ``esphome`` integration has an enabled ``assist_satellite`` entity on the
 device of one of our duplex satellites, the two take the voice assistant from each
 other at every reconnect. ``duplex_owner.async_watch_satellite_conflicts`` raises a
-fixable issue per (entry, satellite); its fix here disables that entity (the
-ESPHome device and its other entities stay).
+fixable issue per (entry, satellite); its fix here disables ESPHome's voice
+entities of the device: the satellite and its assistant, finished-speaking and
+wake word selects and assist-in-progress sensor, so the device page shows one
+assistant choice, Realtime Voice's (the ESPHome device and its other entities stay).
 
 The entity is disabled with ``disabled_by=USER``: the user decided it in the
 repair dialog, the entity page then says "disabled by user" and the usual switch
@@ -26,7 +28,7 @@ from .const import DOMAIN
 from .duplex_owner import (
     DATA_SATELLITE,
     ISSUE_ESPHOME_SATELLITE_ENABLED,
-    esphome_satellite_entities,
+    esphome_voice_entities,
 )
 
 
@@ -49,7 +51,7 @@ class DisableEsphomeSatelliteFlow(RepairsFlow):
         """Disable the entities once the user confirmed (read again now)."""
         if user_input is not None:
             registry = er.async_get(self.hass)
-            for entity in esphome_satellite_entities(self.hass, self._key):
+            for entity in esphome_voice_entities(self.hass, self._key):
                 registry.async_update_entity(
                     entity.entity_id, disabled_by=er.RegistryEntryDisabler.USER
                 )

@@ -33,7 +33,7 @@ from custom_components.rtvoice.const import (
     DOMAIN,
 )
 from custom_components.rtvoice.duplex import echo
-from custom_components.rtvoice.duplex_owner import conflict_issue_id
+from custom_components.rtvoice.duplex_owner import ESPHOME_VOICE_KEYS, conflict_issue_id
 from homeassistant.components.repairs import repairs_flow_manager
 from homeassistant.config_entries import (
     SOURCE_IGNORE,
@@ -304,6 +304,22 @@ async def test_discovery_uses_the_esphome_key_and_the_repair_disables_its_entity
     async with esphome_device() as device:
         esphome_entry = await add_esphome_entry(hass, device)
         theirs = entity_of(hass, esphome_entry, "assist_satellite")
+        # ESPHome's voice entities: the satellite and its three selects (the
+        # assistant, finished-speaking detection, wake word; issue 17 item 3).
+        voice = sorted(
+            e.entity_id
+            for e in er.async_entries_for_config_entry(
+                er.async_get(hass), esphome_entry.entry_id
+            )
+            if not e.disabled and e.unique_id.rpartition("-")[2] in ESPHOME_VOICE_KEYS
+        )
+        assert theirs in voice
+        assert sorted(e.split(".")[0] for e in voice) == [
+            "assist_satellite",
+            "select",
+            "select",
+            "select",
+        ]
         issue_id = conflict_issue_id(entry.entry_id, KEY)
 
         result = await discover(hass, device)
@@ -320,7 +336,7 @@ async def test_discovery_uses_the_esphome_key_and_the_repair_disables_its_entity
         issue = issues.async_get_issue(DOMAIN, issue_id)
         assert issue is not None and issue.is_fixable
         assert issue.translation_placeholders is not None
-        assert issue.translation_placeholders["entities"] == theirs
+        assert issue.translation_placeholders["entities"] == ", ".join(voice)
 
         manager = repairs_flow_manager(hass)
         assert manager is not None
@@ -329,9 +345,18 @@ async def test_discovery_uses_the_esphome_key_and_the_repair_disables_its_entity
         done = await manager.async_configure(flow["flow_id"], {})
         assert done["type"] is FlowResultType.CREATE_ENTRY
 
-        registry_entry = er.async_get(hass).async_get(theirs)
-        assert registry_entry is not None
-        assert registry_entry.disabled_by is er.RegistryEntryDisabler.USER
+        for entity_id in voice:  # one assistant choice left on the device: ours
+            registry_entry = er.async_get(hass).async_get(entity_id)
+            assert registry_entry is not None
+            assert registry_entry.disabled_by is er.RegistryEntryDisabler.USER
+        others = [
+            e
+            for e in er.async_entries_for_config_entry(
+                er.async_get(hass), esphome_entry.entry_id
+            )
+            if e.entity_id not in voice
+        ]
+        assert all(e.disabled_by is not er.RegistryEntryDisabler.USER for e in others)
         assert issues.async_get_issue(DOMAIN, issue_id) is None
         await hass.async_block_till_done()
         assert issues.async_get_issue(DOMAIN, issue_id) is None  # not raised again
