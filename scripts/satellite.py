@@ -41,6 +41,7 @@ import itertools
 import os
 from pathlib import Path
 import sys
+import tempfile
 from typing import Any
 import wave
 
@@ -86,6 +87,8 @@ DEVICE_IDENTITY: dict[str, Any] = {
 DUPLEX_FIRMWARE = "2026.9.0"  # plays raw API audio while the mic streams
 BARGE_IN_MODES = ("vad", "wake_word", "off")
 DEFAULT_BARGE_IN = "wake_word"  # custom_components/rtvoice/const.py
+PIPELINE_HELP = """\
+Type a phrase and Enter to say it (Ctrl-D to quit); /sleep SECONDS, /quit."""
 DUPLEX_HELP = """\
 Type a phrase and Enter to say it, also while an answer plays (Ctrl-D to quit):
   TEXT             say it (the wake word first when the satellite is idle, and in
@@ -485,8 +488,24 @@ async def add_duplex(
 async def store_barge_in(hass: Hass, entry_id: str, key: str, mode: str) -> bool:
     """Store the satellite's barge-in mode through a settings form that offers it.
 
-    Looks through the options menu for a form with a ``barge_in`` field (choosing
-    this satellite where a field lists it); False when there is none.
+    False when there is none.
+    """
+    return await _barge_in_form(hass, entry_id, key, mode) is not None
+
+
+async def stored_barge_in(hass: Hass, entry_id: str, key: str) -> str | None:
+    """Read the satellite's stored barge-in mode from its settings form (not saved)."""
+    return await _barge_in_form(hass, entry_id, key, None)
+
+
+async def _barge_in_form(
+    hass: Hass, entry_id: str, key: str, mode: str | None
+) -> str | None:
+    """Find the settings form with a ``barge_in`` field; store ``mode`` or read it.
+
+    Looks through the options menu for that form (choosing this satellite where a
+    field lists it). With ``mode`` the form is submitted and ``mode`` returned;
+    without, the form is abandoned and the value it shows returned. None: no form.
     """
     base = "config/config_entries/options/flow"
     menu = await hass.rest("POST", base, {"handler": entry_id})
@@ -499,25 +518,35 @@ async def store_barge_in(hass: Hass, entry_id: str, key: str, mode: str) -> bool
         result = await hass.rest(
             "POST", f"{base}/{result['flow_id']}", {"next_step_id": option}
         )
-        found = False
+        found: str | None = None
         for _ in range(3):  # pick the satellite, then its settings
             if result["type"] != "form":
                 break
+            fields = _form_fields(result)
+            if mode is None and "barge_in" in fields:
+                found = _shown_value(fields["barge_in"])
+                break
             user_input: dict[str, Any] = {}
-            for name, field in _form_fields(result).items():
+            for name, field in fields.items():
                 if name == "barge_in":
-                    user_input[name] = mode
-                    found = True
+                    user_input[name] = found = mode
                 elif key in _choices(field):
                     user_input[name] = [key] if field.get("multiple") else key
             if not user_input:
                 break
             result = await hass.rest("POST", f"{base}/{result['flow_id']}", user_input)
-        if result["type"] == "create_entry" and found:
-            return True
         if result["type"] in ("form", "menu"):
             await hass.rest("DELETE", f"{base}/{result['flow_id']}")
-    return False
+        if found is not None and (mode is None or result["type"] == "create_entry"):
+            return found
+    return None
+
+
+def _shown_value(field: dict[str, Any]) -> str | None:
+    """Return the value a form field shows: its suggested value, else its default."""
+    suggested = (field.get("description") or {}).get("suggested_value")
+    value = suggested if suggested is not None else field.get("default")
+    return None if value is None else str(value)
 
 
 async def use_pipeline(
@@ -530,9 +559,17 @@ async def use_pipeline(
     switched back at exit). Returns (pipeline to restore, note).
     """
     if device_id is not None:
-        for e in await hass.entities():
-            if e["device_id"] != device_id or not e["entity_id"].startswith("select."):
-                continue
+        # Realtime Voice's own select first: HA's esphome one on the same device
+        # does not apply to duplex mode.
+        selects = sorted(
+            (
+                e
+                for e in await hass.entities()
+                if e["device_id"] == device_id and e["entity_id"].startswith("select.")
+            ),
+            key=lambda e: e.get("platform") != RTVOICE,
+        )
+        for e in selects:
             state = await hass.rest("GET", f"states/{e['entity_id']}")
             if PIPELINE_NAME in state["attributes"].get("options", []):
                 await hass.rest(
@@ -592,8 +629,12 @@ async def set_up_duplex(
                 f" satellites yet: --barge-in {barge_in} is not stored; the"
                 f" satellite uses the default ({DEFAULT_BARGE_IN})"
             )
-    mode = barge_in if barge_in is not None and stored else DEFAULT_BARGE_IN
-    if barge_in is None:
+    if barge_in is not None and stored:
+        mode = barge_in
+    elif (shown := await stored_barge_in(hass, entry_id, key)) is not None:
+        mode = shown  # what is stored, e.g. by an earlier run
+    else:
+        mode = DEFAULT_BARGE_IN
         notes.append(
             f"barge-in: the stored mode is assumed to be the default ({mode});"
             " --barge-in sets it"
@@ -609,7 +650,8 @@ async def set_up_duplex(
 
 async def main_duplex(args: argparse.Namespace, token: str) -> int:
     """Duplex mode: Realtime Voice owns the satellite; talk over its answers."""
-    phrases = list(dict.fromkeys([*DEFAULT_PHRASES, *args.phrase, *args.say]))
+    spoken = [line for line in args.say if not line.strip().startswith("/")]
+    phrases = list(dict.fromkeys([*DEFAULT_PHRASES, *args.phrase, *spoken]))
     echo: dict[str, Any] = {}
     if args.echo:
         echo = {"echo_gain": args.echo_gain, "echo_delay_ms": args.echo_delay}
@@ -812,17 +854,44 @@ async def main(args: argparse.Namespace) -> int:
         ok = True
         for text in args.say:
             print(f"> {text}")
-            ok = await say(device, stt_server, text, wav) and ok
+            answered = await pipeline_command(device, stt_server, text, wav)
+            if answered is None:
+                break
+            ok = answered and ok
         if args.say:
             return 0 if ok else 1
-        print("Type a phrase and Enter to say it (Ctrl-D to quit).")
+        print(PIPELINE_HELP)
         while True:
             try:
                 line = await asyncio.to_thread(input, "say> ")
             except EOFError:
                 return 0
-            if line.strip():
-                await say(device, stt_server, line.strip(), wav)
+            if await pipeline_command(device, stt_server, line, wav) is None:
+                return 0
+
+
+async def pipeline_command(
+    device: EmulatedDevice, stt_server: WyomingSttServer, line: str, wav: Path
+) -> bool | None:
+    """Run one line in pipeline mode: say it, or a command; None for ``/quit``."""
+    line = line.strip()
+    word, _, rest = line.partition(" ")
+    if not line:
+        return True
+    if word == "/quit":
+        return None
+    if word == "/sleep":
+        try:
+            seconds = float(rest or 1)
+        except ValueError:
+            print(f"  /sleep takes seconds, not {rest!r}")
+            return False
+        await asyncio.sleep(seconds)
+        return True
+    if word.startswith("/"):
+        print(f"  unknown command {word} in pipeline mode (/sleep SECONDS, /quit)")
+        return False
+    return await say(device, stt_server, line, wav)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -854,7 +923,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="another phrase the speech recogniser should know (repeatable)",
     )
     parser.add_argument(
-        "--wav", default="satellite-answer.wav", help="where the answer audio goes"
+        "--wav",
+        default=str(Path(tempfile.gettempdir()) / "rtvoice-satellite-answer.wav"),
+        help="where the answer audio goes (default: in the temporary folder)",
     )
     parser.add_argument(
         "--agent",

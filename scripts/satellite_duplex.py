@@ -128,6 +128,7 @@ class DuplexConsole:
         self._input_what = ""
         self._speech_end_at: float | None = None
         self._pending_stt = 0  # utterances spoken, not transcribed yet
+        self._awaiting_answer = False  # words went to the model, no answer yet
         self._changed = asyncio.Event()
         self._early_sentences: list[str] = []  # synthesised before its first frame
         self._early_durations: list[float] = []
@@ -245,6 +246,7 @@ class DuplexConsole:
             return (
                 not self._playing
                 and self._pending_stt == 0
+                and not self._awaiting_answer
                 and self.device.voice.mic.pending == 0
                 and (self._answer is None or self._answer.done)
                 and self._answers > 0
@@ -309,6 +311,7 @@ class DuplexConsole:
                 self.print(f"wake word answered{waited}: the mic streams", entry.at)
             elif entry.detail["type"] == EventType.RUN_END:
                 self._finish_answer()
+                self._awaiting_answer = False
                 self.print(
                     "conversation ended after silence: the satellite waits for"
                     " its wake word",
@@ -335,20 +338,26 @@ class DuplexConsole:
                 answer.stopped_at = None
             elif answer is None or answer.done:
                 answer = self._new_answer(entry.at)
-                since = ""
-                if self._speech_end_at is not None:
-                    since = (
-                        f" ({(entry.at - self._speech_end_at) * 1e3:.0f} ms after"
-                        " your words ended)"
-                    )
-                self.print(f"answer audio starts{since}", entry.at)
+                self.print(
+                    f"answer audio starts{self._since_words(entry.at)}", entry.at
+                )
         self._audio_at = entry.at
         if answer is not None:
             answer.received += size
 
+    def _since_words(self, at: float) -> str:
+        """When ``at`` was, against the end of your last words (an estimate)."""
+        if self._speech_end_at is None:
+            return ""
+        ms = (at - self._speech_end_at) * 1e3
+        if ms >= 0:
+            return f" ({ms:.0f} ms after your words ended)"
+        return f" (while you spoke: {-ms:.0f} ms before your words ended)"
+
     def _new_answer(self, at: float) -> _Answer:
         self._finish_answer()
         self._answers += 1
+        self._awaiting_answer = False
         offset = sum(p.bytes for p in self.device.playbacks if p.source == "api")
         answer = _Answer(self._answers, at, offset)
         # Sentences synthesised before its first frame belong to it.
@@ -394,7 +403,12 @@ class DuplexConsole:
             self.print(f"answer cut at {heard:.2f} s of {whole:.2f} s, heard: {text!r}")
         else:
             text = " ".join(answer.sentences)
-            self.print(f"answer heard whole ({heard:.2f} s): {text!r}")
+            said = (
+                repr(text)
+                if text
+                else "its text not seen here (Home Assistant's TTS cache served it)"
+            )
+            self.print(f"answer heard whole ({heard:.2f} s): {said}")
         self.answers_heard.append(heard)
         self._write_wav(answer)
 
@@ -416,17 +430,13 @@ class DuplexConsole:
             request = await self.stt.wait_for_request(count)
             self._pending_stt = max(0, self._pending_stt - 1)
             text = request.transcript
-            after = ""
-            if self._speech_end_at is not None:
-                after = (
-                    f" ({(self._loop.time() - self._speech_end_at) * 1e3:.0f} ms"
-                    " after your words ended)"
-                )
+            after = self._since_words(self._loop.time())
             if not text:
                 self.print(f"transcribed: no words{after}")
                 self._notify()
                 continue
             self.transcripts.append(text)
+            self._awaiting_answer = True
             self.print(f"transcribed: {text!r}{after}")
             answer = self._answer
             if answer is not None and not answer.done:

@@ -11,6 +11,7 @@ and offline speech servers are real peers on 127.0.0.1. Nothing is mocked.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 import socket
 import wave
@@ -237,3 +238,54 @@ async def test_cough_and_the_barge_in_setting(
         assert "answer audio stops" not in out
     assert "answer heard whole" in out
     assert len(openai_peer.requests) == 1
+
+
+async def test_a_rerun_reports_the_barge_in_mode_that_is_stored(
+    tmp_path: Path,
+    served: tuple[MockConfigEntry, list[str]],
+    openai_peer: OpenAIPeer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 17 item 7: a run without --barge-in reads the stored mode, not the default.
+
+    The first run stores ``vad``; the second, without the flag, said ``wake_word``.
+    It also sets Realtime Voice's own assistant select, not HA esphome's.
+    """
+    _, connect = served
+    openai_peer.enqueue(Text("The kitchen lights are on."))
+    openai_peer.enqueue(Text("They are on."))
+    ports = [str(free_port()), str(free_port())]
+    common = [*connect, "--duplex", "--stt-port", ports[0], "--tts-port", ports[1]]
+    common += ["--wav", str(tmp_path / "answer.wav")]
+    first = await run_script(
+        [*common, "--barge-in", "vad", "--say", "turn on the kitchen lights"], capsys
+    )
+    if "barge-in mode vad" not in first:
+        pytest.skip("this Home Assistant stores no barge-in mode")
+    second = await run_script([*common, "--say", "turn on the kitchen lights"], capsys)
+    assert "barge-in mode vad" in second
+    assert "assumed to be the default" not in second
+
+
+def test_pipeline_mode_takes_sleep_and_quit_and_refuses_other_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 17 item 7: ``--say "/sleep 1"`` was spoken (and crashed the recogniser)."""
+
+    async def run(line: str) -> bool | None:
+        return await satellite.pipeline_command(None, None, line, Path("unused.wav"))  # type: ignore[arg-type]
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(run("/sleep 0")) is True
+        assert loop.run_until_complete(run("/sleep soon")) is False
+        assert loop.run_until_complete(run("/cough")) is False
+        assert loop.run_until_complete(run("/quit")) is None
+        assert loop.run_until_complete(run("   ")) is True
+    finally:
+        loop.close()
+    out = capsys.readouterr().out
+    assert "/sleep takes seconds" in out
+    assert "unknown command /cough in pipeline mode" in out
+    args = satellite.parse_args(["--say", "/sleep 1", "--say", "hello"])
+    assert not Path(args.wav).is_relative_to(Path.cwd())  # not in the repository
