@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+import functools
 import logging
+import re
 import socket
 import traceback
 from typing import TYPE_CHECKING, Any, Final
@@ -120,6 +122,7 @@ from .const import (
     VALIDATION_TIMEOUT,
 )
 from .control_api import API_ID_PREFIX as CONTROL_API_ID_PREFIX
+from .device_text import device_text, id_text, markdown_text
 from .duplex import BargeIn, echo as duplex_echo
 from .duplex_ha import ProbeError, async_probe_satellite, satellite_key
 from .duplex_owner import (
@@ -141,6 +144,7 @@ from .wyoming_ha import (
     DEFAULT_WAKE_WORD,
     WAKE_WORD_SATELLITE,
     WyomingProbeError,
+    async_probe_gate,
     async_probe_wyoming,
     wyoming_key,
 )
@@ -156,6 +160,7 @@ CONF_SATELLITE: Final = "satellite"  # the satellite whose settings are edited
 # Probe reasons whose config-flow error key differs from the options flow's
 # (the config flow's cannot_connect is about the model endpoint).
 _DISCOVERY_ERRORS: Final = {"cannot_connect": "satellite_cannot_connect"}
+_MAC: Final = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")  # format_mac's output
 MIN_END_SILENCE: Final = 1  # seconds of silence after an answer before the session ends
 MAX_END_SILENCE: Final = 120
 
@@ -509,18 +514,19 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         "Ignore" sticks to the device.
         """
         properties = discovery_info.properties
-        if not (raw_mac := properties.get("mac")):
+        raw_mac = str(properties.get("mac") or "")[:32]
+        mac = format_mac(raw_mac)
+        if not _MAC.fullmatch(mac):
             return self.async_abort(reason="mdns_missing_mac")
-        mac = format_mac(str(raw_mac))
         await self.async_set_unique_id(mac)
         self._abort_if_unique_id_configured()  # the user ignored this device
         if not rtvoice_entries(self.hass):
             return self.async_abort(reason="no_realtime_voice_entry")
         if owner_of(self.hass, mac) is not None:
             return self.async_abort(reason="already_owned")
-        name = str(
+        name = device_text(
             properties.get("friendly_name")
-            or discovery_info.hostname.removesuffix(".local.")
+            or str(discovery_info.hostname).removesuffix(".local.")
         )
         self.context["title_placeholders"] = {"name": name}
         found = self._esphome = _Discovered(
@@ -588,7 +594,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                     entry,
                     options,
                     "duplex_added",
-                    {"name": str(satellite[CONF_NAME]), "entry": entry.title},
+                    {"name": markdown_text(satellite[CONF_NAME]), "entry": entry.title},
                 )
         schema = _entry_choice(entries)
         if found.info is None:
@@ -599,7 +605,10 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             step_id="esphome_confirm",
             data_schema=vol.Schema(schema),
             errors=errors,
-            description_placeholders={"name": found.name, "host": found.host},
+            description_placeholders={
+                "name": markdown_text(found.name),
+                "host": markdown_text(found.host),
+            },
         )
 
     @callback
@@ -635,12 +644,17 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         """
         host, port = str(discovery_info.host), int(discovery_info.port or 0)
         try:
-            info = await async_probe_wyoming(host, port)
+            info = await async_probe_gate(self.hass).probe(
+                (f"{host}:{port}", f"name:{id_text(discovery_info.name, 255)}"),
+                functools.partial(async_probe_wyoming, host, port),
+            )
         except WyomingProbeError as err:
             return self.async_abort(reason=err.reason)
         assert info.satellite is not None
-        name = info.satellite.name
-        await self.async_set_unique_id(f"wyoming:{discovery_info.name}_{name}")
+        name = info.satellite.name  # cleaned and cut (wyoming_proto)
+        await self.async_set_unique_id(
+            f"wyoming:{id_text(discovery_info.name)}_{id_text(name)}"
+        )
         self._abort_if_unique_id_configured()
         satellite = {CONF_HOST: host, CONF_PORT: port}
         entries = rtvoice_entries(self.hass)
@@ -680,8 +694,8 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             step_id="wyoming_confirm",
             data_schema=vol.Schema(schema),
             description_placeholders={
-                "name": str(satellite[CONF_NAME]),
-                "address": wyoming_key(satellite),
+                "name": markdown_text(satellite[CONF_NAME]),
+                "address": markdown_text(wyoming_key(satellite)),
             },
         )
 

@@ -83,7 +83,14 @@ class AudioFormat(BaseModel):
 
 
 def _text(limit: int) -> BeforeValidator:
-    return BeforeValidator(lambda value: device_text(value, limit))
+    """Validate a text field: a string (or None), cleaned and cut to ``limit``."""
+
+    def clean(value: Any) -> str | None:
+        if value is not None and not isinstance(value, str):
+            raise ValueError("not a string")
+        return device_text(value, limit)
+
+    return BeforeValidator(clean)
 
 
 class SatelliteInfo(BaseModel):
