@@ -7,12 +7,14 @@ The user first picks the "brain" that answers:
 - an existing Home Assistant conversation agent (for installations without an LLM or
   fully offline), which needs no network check.
 
-Unique ids: ``<base url without trailing slash>|<model>`` for an endpoint,
+Unique ids: ``<base url without trailing slash, user info or query>|<model>`` for an
+endpoint (the URL's secrets stay out of ids and forms: ``redact``),
 ``ha_agent:<agent id>`` for an agent, so the same brain cannot be added twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 import functools
@@ -139,7 +141,7 @@ from .kernel.openai_provider import (
     ProviderConnectionError,
     ProviderModelNotFoundError,
 )
-from .redact import mask_secret, safe_url
+from .redact import endpoint_unique_id, mask_secret, redact_url, safe_url
 from .wyoming_ha import (
     DEFAULT_WAKE_WORD,
     WAKE_WORD_SATELLITE,
@@ -252,8 +254,11 @@ def normalize_base_url(base_url: str) -> str:
 
 
 def openai_unique_id(base_url: str, model: str) -> str:
-    """Return the unique id of an entry that talks to ``model`` at ``base_url``."""
-    return f"{normalize_base_url(base_url)}|{model.strip()}"
+    """Return the unique id of an entry that talks to ``model`` at ``base_url``.
+
+    Without the URL's secrets (``redact.endpoint_unique_id``).
+    """
+    return endpoint_unique_id(normalize_base_url(base_url), model)
 
 
 def ha_agent_unique_id(agent_id: str) -> str:
@@ -321,7 +326,8 @@ async def async_validate_openai(
     """Check that the endpoint answers, accepts the key and knows the model.
 
     Returns the form errors (empty when everything is fine) and the placeholders
-    of their messages (``error``: the cause of a failed connection). Failures are
+    of their messages (``error``: the cause of a failed connection, also when
+    the whole check did not end within ``VALIDATION_TIMEOUT``). Failures are
     logged at debug level with their cause; the API key is never logged.
     """
     await async_prime_openai(hass)
@@ -333,7 +339,14 @@ async def async_validate_openai(
         timeout=VALIDATION_TIMEOUT,
     )
     try:
-        await provider.validate()
+        # One deadline for the whole check: the client's timeout is per read, and
+        # an endpoint trickling a byte a second never trips it.
+        async with asyncio.timeout(VALIDATION_TIMEOUT):
+            await provider.validate()
+    except TimeoutError:
+        cause = f"no answer within {VALIDATION_TIMEOUT:g} s"
+        _LOGGER.debug("Cannot connect to %s: %s", safe_url(base_url), cause)
+        return {"base": "cannot_connect"}, {"error": cause}
     except ProviderAuthError as err:
         _LOGGER.debug("%s rejected the API key: %s", safe_url(base_url), err)
         return {"base": "invalid_auth"}, {}
@@ -387,7 +400,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
     """Set up a Realtime Voice brain; offer discovered satellites to an entry."""
 
     VERSION = 1
-    MINOR_VERSION = 1
+    MINOR_VERSION = 2  # 1.2: unique ids without the base URL's secrets
 
     _esphome: _Discovered | None = None
 
@@ -733,7 +746,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             errors=errors,
             description_placeholders={
                 "name": entry.title,
-                "base_url": entry.data[CONF_BASE_URL],
+                "base_url": redact_url(entry.data[CONF_BASE_URL]),
                 "model": entry.data[CONF_MODEL],
                 **placeholders,
             },
@@ -760,11 +773,14 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         entry = self._get_reconfigure_entry()
         errors: dict[str, str] = {}
         placeholders: dict[str, str] = {}
+        stored_url = entry.data[CONF_BASE_URL]
         if user_input is not None:
             base_url = normalize_base_url(user_input[CONF_BASE_URL])
+            if base_url == redact_url(stored_url):
+                base_url = stored_url  # the redacted URL, unchanged: keep the stored
             model = user_input[CONF_MODEL].strip()
             api_key = user_input.get(CONF_API_KEY, "").strip()
-            if not api_key and base_url == entry.data[CONF_BASE_URL]:
+            if not api_key and base_url == stored_url:
                 api_key = entry.data.get(CONF_API_KEY, "")
             unique_id = openai_unique_id(base_url, model)
             errors = _format_errors(base_url, model)
@@ -782,9 +798,11 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                         api_key,
                     ),
                 )
-        # The stored key is never sent to the frontend; what the user just typed is.
+        # The stored key and the stored URL's secrets are never sent to the frontend
+        # (the URL goes out redacted; sent back unchanged, it keeps the stored one);
+        # what the user just typed is.
         suggested: dict[str, Any] = {
-            CONF_BASE_URL: entry.data[CONF_BASE_URL],
+            CONF_BASE_URL: redact_url(stored_url),
             CONF_MODEL: entry.data[CONF_MODEL],
             **(user_input or {}),
         }
