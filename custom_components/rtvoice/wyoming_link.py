@@ -190,6 +190,11 @@ class WyomingSatelliteLink:
         self._connected = asyncio.Event()
         self._closed = False
 
+    @property
+    def dsp_dropped(self) -> int:
+        """Mic chunks the DSP worker dropped (audio faster than real time)."""
+        return self._dsp.dropped
+
     # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
