@@ -662,6 +662,7 @@ class EsphomeLink:
                 self._streams,
                 play=functools.partial(self._media_command, announce=True),
                 stop=functools.partial(self._media_command, None),
+                peer=self.config.host,  # its streams serve the device's address only
             )
         return ApiAudioOutput(self)
 
