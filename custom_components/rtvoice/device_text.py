@@ -26,9 +26,11 @@ import unicodedata
 DEFAULT_LIMIT: Final = 64
 ELLIPSIS: Final = "…"
 _WHITESPACE = re.compile(r"\s+")
-# Every ASCII punctuation character markdown (CommonMark) lets a backslash escape
-# and that starts markup or HTML, plus the backslash itself.
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&])")
+# The characters that start inline markdown (CommonMark: emphasis, code, links,
+# images, tables, strike-through), HTML and entities, or a heading, escaped with a
+# backslash (which renders them literally), plus the backslash itself. A
+# placeholder sits inside a sentence: "1." or "-" start no list there.
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>#|~&])")
 _SCAN_LIMIT: Final = 4096  # characters looked at: a longer text is cut first
 
 

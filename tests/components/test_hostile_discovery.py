@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("socket_enabled")
 
 SAFETY = 30.0
 MB = 1024 * 1024
-UNESCAPED = re.compile(r"(?<!\\)[<>\[\]()*#]")
+UNESCAPED = re.compile(r"(?<!\\)[<>\[\]*#]")
 HOSTILE_NAME = (
     "# Kitchen\n\n[click here](http://evil.example/) <img src=x onerror=alert(1)> "
     + "**" * 2500
