@@ -54,6 +54,7 @@ from .duplex import SessionState
 from .duplex_ha import satellite_binding, satellite_device_id, with_entry_settings
 from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .kernel import Kernel
+from .link_settings import LinkSettingsError, wyoming_settings
 from .sessions import SessionManager
 from .wyoming_link import LinkState, WyomingSatelliteLink
 from .wyoming_proto import PeerInfo, WyomingConnection, WyomingProtocolError, peer_info
@@ -331,10 +332,15 @@ class WyomingSatellites:
         self.engine = engine
 
     def _start_link(self, key: str, conf: Mapping[str, Any]) -> None:
+        try:
+            settings = wyoming_settings(conf)
+        except LinkSettingsError as err:
+            _LOGGER.error("Wyoming satellite %s: unusable settings (%s)", key, err)
+            return
         model = wake_model(conf)
         link = WyomingSatelliteLink(
-            str(conf[CONF_HOST]),
-            int(conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)),
+            settings.host,
+            settings.port,
             self.bindings[key],
             name=str(conf.get(CONF_NAME) or key),
             wake=self.engine if model is not None else None,
