@@ -540,7 +540,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         name = device_text(
             properties.get("friendly_name")
             or str(discovery_info.hostname).removesuffix(".local.")
-        )
+        ) or str(mac)
         self.context["title_placeholders"] = {"name": name}
         found = self._esphome = _Discovered(
             mac=mac,

@@ -62,8 +62,10 @@ def parse_tool_arguments(
             raise ToolArgumentsError(
                 f"arguments nested deeper than {limits.max_depth}"
             ) from None
-        except ValueError as err:
+        except json.JSONDecodeError as err:
             raise ToolArgumentsError(f"arguments are not JSON ({err.msg})") from None
+        except ValueError:  # bytes that are not UTF-8
+            raise ToolArgumentsError("arguments are not JSON") from None
     else:
         value = raw
     if not isinstance(value, Mapping):
