@@ -77,9 +77,9 @@ _LOGGER = logging.getLogger(__name__)
 ECHO_TAIL_MS = 600
 _LOUD_DBFS = -50.0  # as the onset gate: quieter is no speech
 _LOUD_OVER_DB = 12.0
-# Utterances waiting for the STT: a person says at most this many before the
-# first is transcribed; more means audio faster than real time (drop the oldest).
-MAX_PENDING_UTTERANCES = 3
+# Utterances waiting for the STT: a person says at most a few before the first
+# is transcribed; more means audio faster than real time (drop the oldest).
+MAX_PENDING_UTTERANCES = 5
 
 
 class SessionState(enum.StrEnum):

@@ -31,7 +31,9 @@ from typing import Any, Final
 _LOGGER = logging.getLogger(__name__)
 
 _STOP = object()
-MAX_QUEUED: Final = 64  # jobs waiting (mic chunks of 32 ms: ~2 s of audio)
+# Jobs waiting: mic chunks of 32 ms, ~8 s of audio (~256 KB). A busy machine that
+# falls a few seconds behind loses nothing; only a flood reaches the bound.
+MAX_QUEUED: Final = 256
 
 
 class DspWorker:
