@@ -18,7 +18,8 @@ media-player announcement of a live stream served by Home Assistant:
   replayed URL) gets 409 and takes nothing over; when the device's address is
   known (``open(peer=...)``, an IP address), a GET from elsewhere gets 403. The
   token is kept out of logs: aioesphomeapi's debug log of the media command
-  shows the URL with ``***`` for it (``TokenFilter``).
+  and HA's debug log of view requests show the URL with ``***`` for it
+  (``TokenFilter``).
 - ``MediaStreamOutput`` is the ``AnswerOutput`` of such a device: the first frame
   of an answer opens a stream and asks the device's media player to play its URL
   (an announcement); ``send`` waits (bounded) until the device fetched it, so the
@@ -208,9 +209,20 @@ class TokenFilter(logging.Filter):
 
 
 # Loggers that may print an answer-stream URL: aioesphomeapi's debug log of every
-# message it sends (the media player command carries the URL), aiohttp's access log.
-TOKEN_LOGGERS = ("aioesphomeapi.connection", "aiohttp.access")
+# message it sends (the media player command carries the URL), HA's debug log of
+# each view request ("Serving <path> to <address>"), aiohttp's access log.
+TOKEN_LOGGERS = (
+    "aioesphomeapi.connection",
+    "homeassistant.helpers.http",
+    "aiohttp.access",
+)
 _TOKEN_FILTER = TokenFilter()
+
+
+def install_token_filter() -> None:
+    """Mask stream tokens in ``TOKEN_LOGGERS`` (idempotent: one filter object)."""
+    for name in TOKEN_LOGGERS:
+        logging.getLogger(name).addFilter(_TOKEN_FILTER)
 
 
 class StreamOpener(Protocol):
@@ -312,8 +324,7 @@ def async_register_streams(hass: HomeAssistant) -> None:
         registry = StreamRegistry(lambda: get_url(hass))
         hass.data[DATA_STREAMS] = registry
         hass.http.register_view(DuplexStreamView(registry))
-        for name in TOKEN_LOGGERS:
-            logging.getLogger(name).addFilter(_TOKEN_FILTER)  # once: same filter
+        install_token_filter()
 
 
 def async_stream_registry(hass: HomeAssistant) -> StreamRegistry:

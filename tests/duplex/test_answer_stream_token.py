@@ -19,9 +19,11 @@ import pytest
 
 from custom_components.rtvoice.duplex_stream import (
     STREAM_PATH,
+    TOKEN_LOGGERS,
     StreamRegistry,
     TokenFilter,
     hide_tokens,
+    install_token_filter,
 )
 
 pytestmark = pytest.mark.usefixtures("socket_enabled")
@@ -105,3 +107,19 @@ def test_tokens_are_kept_out_of_logs(caplog: pytest.LogCaptureFixture) -> None:
     assert stream.token not in caplog.text
     assert f"{STREAM_PATH}/***.wav" in caplog.text
     assert stream.token not in hide_tokens(f"url={stream.url}")
+
+
+@pytest.mark.parametrize("name", TOKEN_LOGGERS)
+def test_the_loggers_that_print_urls_mask_tokens(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HA's request log, aioesphomeapi's message log: the token shows as ``***``."""
+    install_token_filter()
+    install_token_filter()  # set up twice (a reload): still one filter
+    logger = logging.getLogger(name)
+    assert sum(isinstance(f, TokenFilter) for f in logger.filters) == 1
+    stream = StreamRegistry(lambda: "http://ha.local:8123").open()
+    caplog.set_level(logging.DEBUG, name)
+    logger.debug("Serving %s to %s (auth: %s)", stream.url, "10.0.0.9", False)
+    assert stream.token not in caplog.text
+    assert "10.0.0.9" in caplog.text
