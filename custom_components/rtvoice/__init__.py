@@ -8,10 +8,11 @@ from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers.typing import ConfigType
 
 from .assistant import async_create_assistant_once
-from .const import DOMAIN
+from .const import BRAIN_OPENAI, CONF_BASE_URL, CONF_BRAIN, CONF_MODEL, DOMAIN
 from .control_api import async_register_control_api
 from .duplex_owner import async_watch_satellite_conflicts
 from .duplex_stream import async_register_streams
+from .redact import endpoint_unique_id
 from .runtime import RtVoiceConfigEntry, async_build_runtime
 from .services import async_setup_services
 
@@ -30,6 +31,35 @@ async def async_setup(hass: HomeAssistant, config: ConfigType) -> bool:
     """Register the actions and the answer-stream view (they serve every entry)."""
     async_setup_services(hass)
     async_register_streams(hass)
+    return True
+
+
+async def async_migrate_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> bool:
+    """Migrate an entry made by an older version.
+
+    1.1 → 1.2: an endpoint entry's unique id held its base URL verbatim, with any
+    ``user:pass@`` or ``?api-key=``; it becomes ``endpoint_unique_id`` (without them).
+    Should another entry hold that id already (two entries differing only in
+    the URL's secrets), the entry id is appended so ids stay unique.
+    """
+    if entry.version > 1:
+        return False  # made by a newer version: do not touch
+    if entry.minor_version < 2:
+        unique_id = entry.unique_id
+        if entry.data.get(CONF_BRAIN, BRAIN_OPENAI) == BRAIN_OPENAI and (
+            CONF_BASE_URL in entry.data and CONF_MODEL in entry.data
+        ):
+            unique_id = endpoint_unique_id(
+                entry.data[CONF_BASE_URL], entry.data[CONF_MODEL]
+            )
+            other = hass.config_entries.async_entry_for_domain_unique_id(
+                DOMAIN, unique_id
+            )
+            if other is not None and other.entry_id != entry.entry_id:
+                unique_id = f"{unique_id}|{entry.entry_id}"
+        hass.config_entries.async_update_entry(
+            entry, unique_id=unique_id, minor_version=2
+        )
     return True
 
 

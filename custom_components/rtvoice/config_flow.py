@@ -7,15 +7,19 @@ The user first picks the "brain" that answers:
 - an existing Home Assistant conversation agent (for installations without an LLM or
   fully offline), which needs no network check.
 
-Unique ids: ``<base url without trailing slash>|<model>`` for an endpoint,
+Unique ids: ``<base url without trailing slash, user info or query>|<model>`` for an
+endpoint (the URL's secrets stay out of ids and forms: ``redact``),
 ``ha_agent:<agent id>`` for an agent, so the same brain cannot be added twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+import functools
 import logging
+import re
 import socket
 import traceback
 from typing import TYPE_CHECKING, Any, Final
@@ -121,6 +125,7 @@ from .const import (
     VALIDATION_TIMEOUT,
 )
 from .control_api import API_ID_PREFIX as CONTROL_API_ID_PREFIX
+from .device_text import device_text, id_text, markdown_text
 from .duplex import BargeIn, echo as duplex_echo
 from .duplex_ha import ProbeError, async_probe_satellite, satellite_key
 from .duplex_owner import (
@@ -137,11 +142,12 @@ from .kernel.openai_provider import (
     ProviderConnectionError,
     ProviderModelNotFoundError,
 )
-from .redact import mask_secret, safe_url
+from .redact import endpoint_unique_id, mask_secret, redact_url, safe_url
 from .wyoming_ha import (
     DEFAULT_WAKE_WORD,
     WAKE_WORD_SATELLITE,
     WyomingProbeError,
+    async_probe_gate,
     async_probe_wyoming,
     wyoming_key,
 )
@@ -157,6 +163,7 @@ CONF_SATELLITE: Final = "satellite"  # the satellite whose settings are edited
 # Probe reasons whose config-flow error key differs from the options flow's
 # (the config flow's cannot_connect is about the model endpoint).
 _DISCOVERY_ERRORS: Final = {"cannot_connect": "satellite_cannot_connect"}
+_MAC: Final = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")  # format_mac's output
 MIN_END_SILENCE: Final = 1  # seconds of silence after an answer before the session ends
 MAX_END_SILENCE: Final = 120
 
@@ -257,8 +264,11 @@ def normalize_base_url(base_url: str) -> str:
 
 
 def openai_unique_id(base_url: str, model: str) -> str:
-    """Return the unique id of an entry that talks to ``model`` at ``base_url``."""
-    return f"{normalize_base_url(base_url)}|{model.strip()}"
+    """Return the unique id of an entry that talks to ``model`` at ``base_url``.
+
+    Without the URL's secrets (``redact.endpoint_unique_id``).
+    """
+    return endpoint_unique_id(normalize_base_url(base_url), model)
 
 
 def ha_agent_unique_id(agent_id: str) -> str:
@@ -326,7 +336,8 @@ async def async_validate_openai(
     """Check that the endpoint answers, accepts the key and knows the model.
 
     Returns the form errors (empty when everything is fine) and the placeholders
-    of their messages (``error``: the cause of a failed connection). Failures are
+    of their messages (``error``: the cause of a failed connection, also when
+    the whole check did not end within ``VALIDATION_TIMEOUT``). Failures are
     logged at debug level with their cause; the API key is never logged.
     """
     await async_prime_openai(hass)
@@ -338,7 +349,14 @@ async def async_validate_openai(
         timeout=VALIDATION_TIMEOUT,
     )
     try:
-        await provider.validate()
+        # One deadline for the whole check: the client's timeout is per read, and
+        # an endpoint trickling a byte a second never trips it.
+        async with asyncio.timeout(VALIDATION_TIMEOUT):
+            await provider.validate()
+    except TimeoutError:
+        cause = f"no answer within {VALIDATION_TIMEOUT:g} s"
+        _LOGGER.debug("Cannot connect to %s: %s", safe_url(base_url), cause)
+        return {"base": "cannot_connect"}, {"error": cause}
     except ProviderAuthError as err:
         _LOGGER.debug("%s rejected the API key: %s", safe_url(base_url), err)
         return {"base": "invalid_auth"}, {}
@@ -392,7 +410,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
     """Set up a Realtime Voice brain; offer discovered satellites to an entry."""
 
     VERSION = 1
-    MINOR_VERSION = 1
+    MINOR_VERSION = 2  # 1.2: unique ids without the base URL's secrets
 
     _esphome: _Discovered | None = None
 
@@ -521,19 +539,20 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         "Ignore" sticks to the device.
         """
         properties = discovery_info.properties
-        if not (raw_mac := properties.get("mac")):
+        raw_mac = str(properties.get("mac") or "")[:32]
+        mac = format_mac(raw_mac)
+        if not _MAC.fullmatch(mac):
             return self.async_abort(reason="mdns_missing_mac")
-        mac = format_mac(str(raw_mac))
         await self.async_set_unique_id(mac)
         self._abort_if_unique_id_configured()  # the user ignored this device
         if not rtvoice_entries(self.hass):
             return self.async_abort(reason="no_realtime_voice_entry")
         if owner_of(self.hass, mac) is not None:
             return self.async_abort(reason="already_owned")
-        name = str(
+        name = device_text(
             properties.get("friendly_name")
-            or discovery_info.hostname.removesuffix(".local.")
-        )
+            or str(discovery_info.hostname).removesuffix(".local.")
+        ) or str(mac)
         self.context["title_placeholders"] = {"name": name}
         found = self._esphome = _Discovered(
             mac=mac,
@@ -600,7 +619,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                     entry,
                     options,
                     "duplex_added",
-                    {"name": str(satellite[CONF_NAME]), "entry": entry.title},
+                    {"name": markdown_text(satellite[CONF_NAME]), "entry": entry.title},
                 )
         schema = _entry_choice(entries)
         if found.info is None:
@@ -611,7 +630,10 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             step_id="esphome_confirm",
             data_schema=vol.Schema(schema),
             errors=errors,
-            description_placeholders={"name": found.name, "host": found.host},
+            description_placeholders={
+                "name": markdown_text(found.name),
+                "host": markdown_text(found.host),
+            },
         )
 
     @callback
@@ -647,12 +669,17 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         """
         host, port = str(discovery_info.host), int(discovery_info.port or 0)
         try:
-            info = await async_probe_wyoming(host, port)
+            info = await async_probe_gate(self.hass).probe(
+                (f"{host}:{port}", f"name:{id_text(discovery_info.name, 255)}"),
+                functools.partial(async_probe_wyoming, host, port),
+            )
         except WyomingProbeError as err:
             return self.async_abort(reason=err.reason)
         assert info.satellite is not None
-        name = info.satellite.name
-        await self.async_set_unique_id(f"wyoming:{discovery_info.name}_{name}")
+        name = info.satellite.name  # cleaned and cut (wyoming_proto)
+        await self.async_set_unique_id(
+            f"wyoming:{id_text(discovery_info.name)}_{id_text(name)}"
+        )
         self._abort_if_unique_id_configured()
         satellite = {CONF_HOST: host, CONF_PORT: port}
         entries = rtvoice_entries(self.hass)
@@ -692,8 +719,8 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             step_id="wyoming_confirm",
             data_schema=vol.Schema(schema),
             description_placeholders={
-                "name": str(satellite[CONF_NAME]),
-                "address": wyoming_key(satellite),
+                "name": markdown_text(satellite[CONF_NAME]),
+                "address": markdown_text(wyoming_key(satellite)),
             },
         )
 
@@ -731,7 +758,7 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
             errors=errors,
             description_placeholders={
                 "name": entry.title,
-                "base_url": entry.data[CONF_BASE_URL],
+                "base_url": redact_url(entry.data[CONF_BASE_URL]),
                 "model": entry.data[CONF_MODEL],
                 **placeholders,
             },
@@ -758,11 +785,14 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
         entry = self._get_reconfigure_entry()
         errors: dict[str, str] = {}
         placeholders: dict[str, str] = {}
+        stored_url = entry.data[CONF_BASE_URL]
         if user_input is not None:
             base_url = normalize_base_url(user_input[CONF_BASE_URL])
+            if base_url == redact_url(stored_url):
+                base_url = stored_url  # the redacted URL, unchanged: keep the stored
             model = user_input[CONF_MODEL].strip()
             api_key = user_input.get(CONF_API_KEY, "").strip()
-            if not api_key and base_url == entry.data[CONF_BASE_URL]:
+            if not api_key and base_url == stored_url:
                 api_key = entry.data.get(CONF_API_KEY, "")
             unique_id = openai_unique_id(base_url, model)
             errors = _format_errors(base_url, model)
@@ -780,9 +810,11 @@ class RealtimeVoiceConfigFlow(ConfigFlow, domain=DOMAIN):
                         api_key,
                     ),
                 )
-        # The stored key is never sent to the frontend; what the user just typed is.
+        # The stored key and the stored URL's secrets are never sent to the frontend
+        # (the URL goes out redacted; sent back unchanged, it keeps the stored one);
+        # what the user just typed is.
         suggested: dict[str, Any] = {
-            CONF_BASE_URL: entry.data[CONF_BASE_URL],
+            CONF_BASE_URL: redact_url(stored_url),
             CONF_MODEL: entry.data[CONF_MODEL],
             **(user_input or {}),
         }

@@ -123,6 +123,9 @@ def _esphome_link(key: str, link: EsphomeLink) -> dict[str, Any]:
         else "api_audio",
         # The error's type only: messages may carry addresses or key material.
         "last_error": type(link.last_error).__name__ if link.last_error else None,
+        "mic_oversized_messages": link.mic_stats.oversized,
+        "mic_odd_messages": link.mic_stats.odd,
+        "dsp_dropped": link.dsp_dropped,
         "conversation": _conversation(link.conversation),
     }
 
@@ -144,6 +147,7 @@ def _wyoming_link(
         "held_by_wyoming_integration": conflict,
         "satellite_version": satellite.version if satellite is not None else None,
         "stats": stats,
+        "dsp_dropped": link.dsp_dropped,
         "conversation": _conversation(link.conversation),
     }
 
@@ -174,5 +178,6 @@ def _session(session: DuplexSession) -> dict[str, Any]:
         "dropped_utterances": stats.dropped_utterances,
         "echo_utterances": stats.echo_utterances,
         "stt_errors": stats.stt_errors,
+        "stt_dropped": stats.stt_dropped,
         "tts_errors": stats.tts_errors,
     }

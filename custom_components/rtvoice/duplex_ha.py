@@ -62,7 +62,6 @@ from .const import (
     CONF_END_SILENCE,
     CONF_ESPHOME_VERSION,
     CONF_MAC,
-    CONF_NOISE_PSK,
     DEFAULT_BARGE_IN,
     DEFAULT_ECHO_CANCELLATION,
     DEFAULT_END_SILENCE,
@@ -78,8 +77,9 @@ from .duplex import (
 )
 from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .duplex_stream import async_stream_registry
-from .esphome_link import CLIENT_INFO, EsphomeLink, LinkConfig
+from .esphome_link import CLIENT_INFO, EsphomeLink
 from .kernel import Kernel
+from .link_settings import LinkSettingsError, esphome_settings
 from .sessions import ConversationSettings, SessionManager
 
 _LOGGER = logging.getLogger(__name__)
@@ -478,13 +478,14 @@ class DuplexSatellites:
             raise
 
     async def _async_start_link(self, key: str, conf: Mapping[str, Any]) -> None:
-        host = str(conf[CONF_HOST])
+        try:
+            settings = esphome_settings(conf)  # the key as a SecretStr
+        except LinkSettingsError as err:
+            _LOGGER.error("Duplex satellite %s: unusable settings (%s)", key, err)
+            return
+        host = settings.host
         link = EsphomeLink(
-            LinkConfig(
-                host=host,
-                port=int(conf.get(CONF_PORT, DEFAULT_ESPHOME_PORT)),
-                noise_psk=conf.get(CONF_NOISE_PSK) or None,
-            ),
+            settings.link_config(),
             self.bindings[key],
             zeroconf_instance=await _zeroconf(self.hass, host),
             on_available=functools.partial(self._available, key),

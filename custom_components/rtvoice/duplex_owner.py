@@ -42,6 +42,7 @@ from .const import (
     CONF_NOISE_PSK,
     DOMAIN,
 )
+from .device_text import device_text
 from .duplex_ha import satellite_key
 
 ESPHOME_DOMAIN: Final = "esphome"
@@ -58,7 +59,7 @@ def satellite_conf(
         CONF_HOST: host,
         CONF_PORT: port,
         CONF_NOISE_PSK: noise_psk,
-        CONF_NAME: info.friendly_name or info.name,
+        CONF_NAME: device_text(info.friendly_name or info.name),
         CONF_MAC: info.mac_address,
         CONF_ESPHOME_VERSION: info.esphome_version,
     }

@@ -13,7 +13,13 @@ media-player announcement of a live stream served by Home Assistant:
 - ``StreamRegistry`` hands out streams under unguessable one-answer tokens and
   serves them (``handle``). The token is the credential, as for HA's TTS proxy
   (``/api/tts_proxy/{token}``, ``requires_auth = False``): a device cannot send
-  HA's auth header, and a signed path would expire mid-conversation.
+  HA's auth header, and a signed path would expire mid-conversation. A token
+  serves one reader only: the first GET claims the stream, a later one (a
+  replayed URL) gets 409 and takes nothing over; when the device's address is
+  known (``open(peer=...)``, an IP address), a GET from elsewhere gets 403. The
+  token is kept out of logs: aioesphomeapi's debug log of the media command
+  and HA's debug log of view requests show the URL with ``***`` for it
+  (``TokenFilter``).
 - ``MediaStreamOutput`` is the ``AnswerOutput`` of such a device: the first frame
   of an answer opens a stream and asks the device's media player to play its URL
   (an announcement); ``send`` waits (bounded) until the device fetched it, so the
@@ -28,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+import ipaddress
 import logging
+import re
 import secrets
 import struct
 from typing import Protocol
@@ -64,10 +72,12 @@ def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
 class AnswerStream:
     """One answer's audio on its way to the device's HTTP fetch."""
 
-    def __init__(self, token: str, url: str) -> None:
-        """Bind the stream to its token and the URL the device fetches."""
+    def __init__(self, token: str, url: str, peer: str | None = None) -> None:
+        """Bind the stream to its token, the URL and the reader's address (if known)."""
         self.token = token
         self.url = url
+        self.peer = peer  # only this address may fetch it (None: any)
+        self.refused = 0  # GETs refused: a second reader, or the wrong address
         self.fetched = asyncio.Event()  # the device's GET arrived
         self.settled = asyncio.Event()  # fetched, or ended before that
         self.ended = False  # no more audio will be written
@@ -75,7 +85,7 @@ class AnswerStream:
         self.dropped_bytes = 0  # PCM dropped (nobody fetched it)
         self._buffer = bytearray()
         self._changed = asyncio.Event()
-        self._reader = 0  # the live fetch (a newer one takes over)
+        self._reader = 0  # fetches that claimed the stream: one, at most
 
     def write(self, pcm: bytes) -> None:
         """Queue PCM for the body (written out at once while the device reads)."""
@@ -97,10 +107,15 @@ class AnswerStream:
         self._changed.set()
 
     async def serve(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Write the body to one fetch, as the audio comes; return when it ends."""
+        """Write the body to the one fetch that claims it; refuse any other."""
+        if self.peer is not None and request.remote != self.peer:
+            self.refused += 1
+            return web.Response(status=403)
+        if self._reader:
+            self.refused += 1  # a replayed URL: the device's fetch keeps the stream
+            return web.Response(status=409)
         self._reader += 1
         reader = self._reader
-        self._changed.set()  # an older fetch of this stream stops
         response = web.StreamResponse(
             headers={"Content-Type": CONTENT_TYPE, "Cache-Control": "no-cache"}
         )
@@ -135,10 +150,16 @@ class StreamRegistry:
         self._base_url = base_url
         self._streams: dict[str, AnswerStream] = {}
 
-    def open(self) -> AnswerStream:
-        """Return a new stream under a fresh token (``close`` it when done)."""
+    def open(self, peer: str | None = None) -> AnswerStream:
+        """Return a new stream under a fresh token (``close`` it when done).
+
+        ``peer``: the device's host; an IP address binds the stream to it (a
+        host name binds nothing: the GET's address cannot be checked against it).
+        """
         token = secrets.token_urlsafe(16)
-        stream = AnswerStream(token, f"{self._base_url()}{STREAM_PATH}/{token}.wav")
+        stream = AnswerStream(
+            token, f"{self._base_url()}{STREAM_PATH}/{token}.wav", _address(peer)
+        )
         self._streams[token] = stream
         return stream
 
@@ -158,11 +179,57 @@ class StreamRegistry:
         return await stream.serve(request)
 
 
+def _address(host: str | None) -> str | None:
+    """Return ``host`` as a normalised IP address, or None when it is not one."""
+    if host is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return None
+
+
+_TOKEN_IN_URL = re.compile(re.escape(STREAM_PATH) + r"/[A-Za-z0-9_\-]+\.wav")
+
+
+def hide_tokens(text: str) -> str:
+    """Return ``text`` with every answer-stream token replaced by ``***``."""
+    return _TOKEN_IN_URL.sub(f"{STREAM_PATH}/***.wav", text)
+
+
+class TokenFilter(logging.Filter):
+    """Masks answer-stream tokens in the records of a logger it is added to."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite a record that names a stream URL; keep every record."""
+        message = record.getMessage()
+        if STREAM_PATH in message:
+            record.msg, record.args = hide_tokens(message), None
+        return True
+
+
+# Loggers that may print an answer-stream URL: aioesphomeapi's debug log of every
+# message it sends (the media player command carries the URL), HA's debug log of
+# each view request ("Serving <path> to <address>"), aiohttp's access log.
+TOKEN_LOGGERS = (
+    "aioesphomeapi.connection",
+    "homeassistant.helpers.http",
+    "aiohttp.access",
+)
+_TOKEN_FILTER = TokenFilter()
+
+
+def install_token_filter() -> None:
+    """Mask stream tokens in ``TOKEN_LOGGERS`` (idempotent: one filter object)."""
+    for name in TOKEN_LOGGERS:
+        logging.getLogger(name).addFilter(_TOKEN_FILTER)
+
+
 class StreamOpener(Protocol):
     """What ``MediaStreamOutput`` needs: streams with URLs the device can fetch."""
 
-    def open(self) -> AnswerStream:
-        """Return a new stream."""
+    def open(self, peer: str | None = None) -> AnswerStream:
+        """Return a new stream (bound to ``peer``'s address, if one)."""
 
     def close(self, stream: AnswerStream) -> None:
         """Forget a stream."""
@@ -182,9 +249,14 @@ class MediaStreamOutput:
         play: Callable[[str], None],
         stop: Callable[[], None],
         fetch_timeout: float = FETCH_TIMEOUT,
+        peer: str | None = None,
     ) -> None:
-        """Bind the stream registry and the device's media player commands."""
+        """Bind the stream registry and the device's media player commands.
+
+        ``peer``: the device's host (its streams only serve that address, if an IP).
+        """
         self._streams = streams
+        self._peer = peer
         self._play = play
         self._stop = stop
         self._fetch_timeout = fetch_timeout
@@ -195,7 +267,7 @@ class MediaStreamOutput:
         """Write one frame; the first of an answer starts the announcement."""
         stream = self.stream
         if stream is None:
-            stream = self.stream = self._streams.open()
+            stream = self.stream = self._streams.open(self._peer)
             self.announcements += 1
             self._play(stream.url)
             try:
@@ -252,6 +324,7 @@ def async_register_streams(hass: HomeAssistant) -> None:
         registry = StreamRegistry(lambda: get_url(hass))
         hass.data[DATA_STREAMS] = registry
         hass.http.register_view(DuplexStreamView(registry))
+        install_token_filter()
 
 
 def async_stream_registry(hass: HomeAssistant) -> StreamRegistry:

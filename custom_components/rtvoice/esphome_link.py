@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import functools
 import logging
 from typing import Any, Protocol
@@ -64,6 +64,10 @@ CLIENT_INFO = "Home Assistant Realtime Voice"
 API_AUDIO_PORT = 0  # answer a start with port 0: audio over the API connection
 API_AUDIO_FIRMWARE = (2026, 9)  # plays raw API audio while the mic streams
 MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (5 s)
+# One VoiceAssistantAudio message: ESPHome sends 32-64 ms (1-2 KB); a bigger one is
+# dropped whole, so the loop's work per message stays small (a 32 MB message blocked
+# it for seconds).
+MAX_MIC_MESSAGE = 16000 * 2 // 4  # 250 ms
 ANNOUNCE_TIMEOUT = 15 * 60.0  # seconds an announcement may play (HA's esphome: same)
 CONFIG_TIMEOUT = 10.0  # seconds for the voice assistant configuration to come back
 
@@ -81,12 +85,20 @@ class LinkConfig:
 
     host: str
     port: int = 6053
-    noise_psk: str | None = None
+    noise_psk: str | None = field(default=None, repr=False)  # no repr, no log
     expected_name: str | None = None
     client_info: str = CLIENT_INFO
     login_timeout: float = 10.0  # then fall back to login=False (ESPHome >= 2026.1)
     backoff_min: float = 1.0
     backoff_max: float = 60.0
+
+
+@dataclass(slots=True)
+class MicStats:
+    """What the link did with the device's mic messages (diagnostics)."""
+
+    oversized: int = 0  # messages over MAX_MIC_MESSAGE, dropped
+    odd: int = 0  # messages of an odd length, their last byte dropped
 
 
 class AnswerOutput(Protocol):
@@ -256,6 +268,7 @@ class EsphomeLink:
         self._dsp = DspWorker(f"rtvoice dsp {config.host}")  # the mic stream's DSP
         self._opening: asyncio.Task[None] | None = None
         self._early_audio = bytearray()
+        self.mic_stats = MicStats()
         self._unsubscribe: Callable[[], None] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._lost: asyncio.Event = asyncio.Event()
@@ -462,13 +475,35 @@ class EsphomeLink:
         """Mic audio: ``(data)`` on aioesphomeapi 29.x, ``(data, data2)`` on 45+."""
         if not args:
             return
-        data: bytes = args[0]
+        data = self._mic_message(args[0])
+        if not data:
+            return
         conversation = self.conversation
         if conversation is not None:
             conversation.session.feed_mic(data)
         elif self._opening is not None and not self._opening.done():
             if len(self._early_audio) + len(data) <= MAX_EARLY_AUDIO:
                 self._early_audio += data
+
+    @property
+    def dsp_dropped(self) -> int:
+        """Mic chunks the DSP worker dropped (audio faster than real time)."""
+        return self._dsp.dropped
+
+    def _mic_message(self, data: bytes) -> bytes:
+        """Return a message's mic audio as whole 16-bit samples; b"" to drop it.
+
+        Each message is framed on its own: an odd byte at its end is dropped, so
+        one odd-sized message does not shift every later sample (high and low
+        bytes swapped: loud noise). A message over ``MAX_MIC_MESSAGE`` is dropped.
+        """
+        if len(data) > MAX_MIC_MESSAGE:
+            self.mic_stats.oversized += 1
+            return b""
+        if len(data) % 2:
+            self.mic_stats.odd += 1
+            return data[:-1]
+        return data
 
     # --- conversations ----------------------------------------------------------------
 
@@ -627,6 +662,7 @@ class EsphomeLink:
                 self._streams,
                 play=functools.partial(self._media_command, announce=True),
                 stop=functools.partial(self._media_command, None),
+                peer=self.config.host,  # its streams serve the device's address only
             )
         return ApiAudioOutput(self)
 

@@ -18,13 +18,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 import dataclasses
 import functools
 import logging
+import time
 from typing import Any, Final
 
-from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 
 from homeassistant.components.assist_pipeline.select import get_chosen_pipeline
@@ -53,12 +54,17 @@ from .duplex import SessionState
 from .duplex_ha import satellite_binding, satellite_device_id, with_entry_settings
 from .duplex_link import DuplexBinding, DuplexConversation, RoundEnds
 from .kernel import Kernel
+from .link_settings import LinkSettingsError, wyoming_settings
 from .sessions import SessionManager
 from .wyoming_link import LinkState, WyomingSatelliteLink
+from .wyoming_proto import PeerInfo, WyomingConnection, WyomingProtocolError, peer_info
 
 _LOGGER = logging.getLogger(__name__)
 
 PROBE_TIMEOUT: Final = 10.0  # seconds for connect + describe → info
+PROBE_MAX_EVENTS: Final = 16  # events a probed peer may send before its info
+PROBES_PER_MINUTE: Final = 6  # discovery probes (ProbeGate)
+PROBE_REMEMBER_S: Final = 600.0  # a discovery probe's result is kept this long
 WAKE_WORD_SATELLITE: Final = "satellite"  # the satellite's own wake word service
 DEFAULT_WAKE_WORD: Final = "okay_nabu"
 WYOMING_DOMAIN: Final = "wyoming"  # Home Assistant's own wyoming integration
@@ -76,33 +82,137 @@ class WyomingProbeError(Exception):
         self.reason = reason
 
 
-async def async_probe_wyoming(host: str, port: int) -> Info:
+async def async_probe_wyoming(host: str, port: int) -> PeerInfo:
     """Connect, ``describe``, read the ``info``; it must show a satellite.
 
     Reasons: ``cannot_connect`` (nothing answers, or no info in time),
     ``not_wyoming_satellite`` (a Wyoming service without a satellite: STT, TTS,
-    wake word servers).
+    wake word servers; or a peer that breaks the protocol or its limits: an
+    oversized or malformed event or ``info``). Bounded: ``PROBE_TIMEOUT`` overall,
+    ``PROBE_MAX_EVENTS`` events before the ``info``, each event within the
+    reader's limits (``wyoming_proto``).
     """
-    client = AsyncTcpClient(host, port)
+    connection = WyomingConnection(host, port)
     try:
         async with asyncio.timeout(PROBE_TIMEOUT):
-            await client.connect()
-            await client.write_event(Describe().event())
-            while True:
-                event = await client.read_event()
-                if event is None:
-                    raise ConnectionError("closed before its info")
-                if Info.is_type(event.type):
-                    info = Info.from_event(event)
-                    break
+            await connection.connect()
+            await connection.write_event(Describe().event())
+            info = await _read_info(connection)
+    except WyomingProtocolError as err:
+        _LOGGER.debug("Probing %s:%s: not a satellite (%s)", host, port, err)
+        raise WyomingProbeError("not_wyoming_satellite") from err
     except (OSError, TimeoutError) as err:
         _LOGGER.debug("Probing %s:%s failed: %s", host, port, type(err).__name__)
         raise WyomingProbeError("cannot_connect") from err
     finally:
-        await client.disconnect()
-    if info.satellite is None or not info.satellite.installed:
+        await connection.disconnect()
+    if not info.is_satellite:
         raise WyomingProbeError("not_wyoming_satellite")
     return info
+
+
+async def _read_info(connection: WyomingConnection) -> PeerInfo:
+    for _ in range(PROBE_MAX_EVENTS):
+        event = await connection.read_event()
+        if event is None:
+            raise ConnectionError("closed before its info")
+        if Info.is_type(event.type):
+            return peer_info(event)
+    raise WyomingProtocolError("no info")
+
+
+class ProbeGate:
+    """Probes of discovered services: one at a time, a few a minute, results kept.
+
+    A discovery probe runs with no user action, for every name an mDNS responder
+    announces: a hostile one announces thousands. The gate runs one probe at a
+    time, at most ``per_minute`` of them in any minute (beyond that the discovery
+    ends with ``probe_rate_limited``, to be offered again by a later
+    announcement), and keeps each result (the info or the reason) for
+    ``remember_s`` under every key given (host:port and the zeroconf name), so a
+    repeated announcement is answered without a probe (``cannot_connect`` is
+    not kept: the satellite may be up by its next announcement). At most ``max_kept``
+    results are kept (the oldest go first).
+    """
+
+    def __init__(
+        self,
+        *,
+        per_minute: int = PROBES_PER_MINUTE,
+        remember_s: float = PROBE_REMEMBER_S,
+        max_kept: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Start with no probe run and nothing kept."""
+        self._per_minute = per_minute
+        self._remember_s = remember_s
+        self._max_kept = max_kept
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._starts: deque[float] = deque()
+        self._kept: OrderedDict[str, tuple[float, PeerInfo | str]] = OrderedDict()
+        self.probes = 0  # probes run
+        self.limited = 0  # discoveries refused by the rate limit
+
+    def _recall(self, keys: Sequence[str]) -> PeerInfo | str | None:
+        now = self._clock()
+        for key in keys:
+            kept = self._kept.get(key)
+            if kept is None:
+                continue
+            if now - kept[0] > self._remember_s:
+                del self._kept[key]
+                continue
+            return kept[1]
+        return None
+
+    def _keep(self, keys: Sequence[str], result: PeerInfo | str) -> None:
+        now = self._clock()
+        for key in keys:
+            self._kept.pop(key, None)
+            self._kept[key] = (now, result)
+        while len(self._kept) > self._max_kept:
+            self._kept.popitem(last=False)
+
+    async def probe(
+        self, keys: Sequence[str], run: Callable[[], Awaitable[PeerInfo]]
+    ) -> PeerInfo:
+        """Return ``run()``'s info (or raise its error), through the gate."""
+        kept = self._recall(keys)
+        if kept is None:
+            now = self._clock()
+            while self._starts and now - self._starts[0] >= 60.0:
+                self._starts.popleft()
+            if len(self._starts) >= self._per_minute:
+                self.limited += 1
+                raise WyomingProbeError("probe_rate_limited")
+            self._starts.append(now)
+            async with self._lock:
+                kept = self._recall(keys)  # probed while this one waited
+                if kept is None:
+                    self.probes += 1
+                    try:
+                        kept = await run()
+                    except WyomingProbeError as err:
+                        if err.reason == "cannot_connect":
+                            raise  # not kept: it may be up by the next announcement
+                        kept = err.reason
+                    self._keep(keys, kept)
+        if isinstance(kept, str):
+            raise WyomingProbeError(kept)
+        return kept
+
+
+DATA_PROBE_GATE: Final = "rtvoice_wyoming_probe_gate"
+
+
+@callback
+def async_probe_gate(hass: HomeAssistant) -> ProbeGate:
+    """Return the gate of discovery probes (one per Home Assistant)."""
+    gate: ProbeGate | None = hass.data.get(DATA_PROBE_GATE)
+    if gate is None:
+        gate = hass.data[DATA_PROBE_GATE] = ProbeGate()
+    return gate
 
 
 def wyoming_key(conf: Mapping[str, Any]) -> str:
@@ -222,10 +332,15 @@ class WyomingSatellites:
         self.engine = engine
 
     def _start_link(self, key: str, conf: Mapping[str, Any]) -> None:
+        try:
+            settings = wyoming_settings(conf)
+        except LinkSettingsError as err:
+            _LOGGER.error("Wyoming satellite %s: unusable settings (%s)", key, err)
+            return
         model = wake_model(conf)
         link = WyomingSatelliteLink(
-            str(conf[CONF_HOST]),
-            int(conf.get(CONF_PORT, DEFAULT_WYOMING_PORT)),
+            settings.host,
+            settings.port,
             self.bindings[key],
             name=str(conf.get(CONF_NAME) or key),
             wake=self.engine if model is not None else None,

@@ -54,7 +54,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
-from wyoming.client import AsyncTcpClient
 from wyoming.event import Event
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
@@ -69,6 +68,13 @@ from .duplex import (
     UtteranceSegmenter,
 )
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
+from .wyoming_proto import (
+    PeerInfo,
+    WyomingConnection,
+    WyomingProtocolError,
+    audio_chunk,
+    peer_info,
+)
 
 if TYPE_CHECKING:
     from .audio.wakeword import WakeWordEngine, WakeWordStream
@@ -124,6 +130,8 @@ class LinkStats:
     # Per audio stream opened: when its first frame was sent.
     stream_first_frame_at: list[float] = field(default_factory=list)
     wake_errors: int = 0
+    refused_chunks: int = 0  # audio-chunks in a format the link does not take
+    protocol_errors: int = 0  # connections dropped for an event beyond the limits
 
 
 class WyomingSatelliteLink:
@@ -164,10 +172,11 @@ class WyomingSatelliteLink:
         self._on_session_state = on_session_state
         self.state = LinkState.DISCONNECTED
         self.stats = LinkStats()
-        self.info: Info | None = None
+        self.info: PeerInfo | None = None
         self.conversation: DuplexConversation | None = None
         self.last_conversation: DuplexConversation | None = None
-        self._client: AsyncTcpClient | None = None
+        self._client: WyomingConnection | None = None
+        self._refusing_audio = False  # a bad format was logged on this connection
         self._converter = AudioChunkConverter(SAMPLE_RATE, SAMPLE_WIDTH, CHANNELS)
         self._wake_stream: WakeWordStream | None = None
         self._last_wake_ms: int | None = None  # stream audio position of the last wake
@@ -180,6 +189,11 @@ class WyomingSatelliteLink:
         self._closing: set[asyncio.Task[None]] = set()
         self._connected = asyncio.Event()
         self._closed = False
+
+    @property
+    def dsp_dropped(self) -> int:
+        """Mic chunks the DSP worker dropped (audio faster than real time)."""
+        return self._dsp.dropped
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -251,6 +265,19 @@ class WyomingSatelliteLink:
                 streamed = await self._serve()
             except asyncio.CancelledError:
                 raise
+            except WyomingProtocolError as err:
+                self.stats.protocol_errors += 1
+                log = (
+                    _LOGGER.warning
+                    if self.stats.protocol_errors == 1
+                    else _LOGGER.debug
+                )
+                log(
+                    "Wyoming satellite %s:%s broke the protocol (%s): reconnecting",
+                    self.host,
+                    self.port,
+                    err,
+                )
             except Exception as err:  # noqa: BLE001 - any failure: reconnect
                 _LOGGER.debug(
                     "Wyoming satellite %s:%s: %s",
@@ -277,11 +304,12 @@ class WyomingSatelliteLink:
             backoff = min(backoff * 2, self.link_options.reconnect_max_s)
 
     async def _connect(self) -> None:
-        client = AsyncTcpClient(self.host, self.port)
+        client = WyomingConnection(self.host, self.port)
         async with asyncio.timeout(self.link_options.connect_timeout_s):
             await client.connect()
         self._client = client
         self._audio_open = False
+        self._refusing_audio = False
         await client.write_event(Describe().event())
         await client.write_event(RunSatellite().event())
         if self._wake is not None and self._wake_stream is None:
@@ -327,19 +355,38 @@ class WyomingSatelliteLink:
                 if not streamed:
                     streamed = True
                     self._connected.set()
-                await self._mic(AudioChunk.from_event(event))
+                if (chunk := self._checked_audio(event)) is not None:
+                    await self._mic(chunk)
             elif WyomingDetection.is_type(event.type):
                 if self._satellite_wake:
                     self.stats.satellite_detections += 1
                     await self._wake_detected()
             elif Info.is_type(event.type):
-                self.info = Info.from_event(event)
+                self.info = peer_info(event)
             elif Ping.is_type(event.type):
                 await self._write(Pong(text=Ping.from_event(event).text).event())
             # run-pipeline (the satellite asks for wake → tts), audio-start/stop of the
             # mic, pong, played: nothing to do in duplex mode.
 
     # --- mic -------------------------------------------------------------------------
+
+    def _checked_audio(self, event: Event) -> AudioChunk | None:
+        """Return the chunk if the link converts its format; else None (logged once)."""
+        try:
+            chunk = audio_chunk(event)
+        except WyomingProtocolError as err:
+            self.stats.refused_chunks += 1
+            if not self._refusing_audio:
+                self._refusing_audio = True
+                _LOGGER.warning(
+                    "Wyoming satellite %s:%s sends audio the link cannot take (%s):"
+                    " such chunks are dropped (counted in the diagnostics)",
+                    self.host,
+                    self.port,
+                    err,
+                )
+            return None
+        return chunk
 
     async def _mic(self, chunk: AudioChunk) -> None:
         self.stats.mic_chunks += 1

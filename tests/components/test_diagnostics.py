@@ -277,6 +277,9 @@ async def test_duplex_and_wyoming_links(
         "login": False,
         "answer_output": "api_audio",
         "last_error": None,
+        "mic_oversized_messages": 0,
+        "mic_odd_messages": 0,
+        "dsp_dropped": 0,
         "conversation": None,
     }
     [wyoming] = runtime["wyoming_satellites"]
@@ -285,4 +288,6 @@ async def test_duplex_and_wyoming_links(
     assert wyoming["state"] in {"connecting", "disconnected"}
     assert wyoming["held_by_wyoming_integration"] is False
     assert wyoming["stats"]["connects"] == 0
+    assert wyoming["stats"]["refused_chunks"] == 0
+    assert wyoming["dsp_dropped"] == 0
     assert wyoming["conversation"] is None

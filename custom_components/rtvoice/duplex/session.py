@@ -77,6 +77,9 @@ _LOGGER = logging.getLogger(__name__)
 ECHO_TAIL_MS = 600
 _LOUD_DBFS = -50.0  # as the onset gate: quieter is no speech
 _LOUD_OVER_DB = 12.0
+# Utterances waiting for the STT: a person says at most a few before the first
+# is transcribed; more means audio faster than real time (drop the oldest).
+MAX_PENDING_UTTERANCES = 5
 
 
 class SessionState(enum.StrEnum):
@@ -103,6 +106,7 @@ class SessionStats:
     tail_utterances: int = 0  # began in an answer's echo tail, kept from its end
     echo_utterances: int = 0  # VAD-only utterances over an answer, no energy: dropped
     stt_errors: int = 0
+    stt_dropped: int = 0  # utterances dropped unheard: more than the STT could take
     tts_errors: int = 0
     last_pause_mic_ms: int | None = None  # mic position of the last pause
     last_onset_mic_ms: int | None = None  # where the gate put that onset
@@ -242,7 +246,7 @@ class DuplexSession:
         if self._dsp is None:
             self._apply(epoch, self._analyse(frames))
         elif not self._dsp.submit(
-            self._analyse, frames, done=partial(self._apply, epoch)
+            self._analyse, frames, done=partial(self._apply, epoch), droppable=True
         ):
             _LOGGER.debug("Mic audio after the DSP worker closed: dropped")
 
@@ -472,6 +476,11 @@ class DuplexSession:
                 self._resume()
             return
         self.stats.utterances += 1
+        if self._utterances.qsize() >= MAX_PENDING_UTTERANCES:
+            # Audio faster than the STT (a device flooding its mic): the oldest
+            # waiting utterance goes, so the queue and the latency stay bounded.
+            self._utterances.get_nowait()
+            self.stats.stt_dropped += 1
         self._utterances.put_nowait(_Utterance(pcm, track.over_answer))
         if self._stt_task is None:
             self._stt_task = asyncio.get_running_loop().create_task(

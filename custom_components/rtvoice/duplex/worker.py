@@ -10,30 +10,42 @@ batching: the only latency added is the DSP itself plus one loop wake-up).
 The thread starts on the first job and ends in ``aclose``: jobs still queued are
 skipped, the running one finishes, and ``aclose`` returns once the thread has exited.
 A job that raises is logged (its type only) and the worker goes on.
+
+The queue is bounded: mic audio that arrives faster than real time (a device
+flooding its stream) would otherwise queue jobs without end. A job submitted
+``droppable`` (mic analysis) may be dropped, the oldest first, once
+``max_queued`` jobs wait; ``dropped`` counts them (diagnostics). Other jobs
+(control: a segmenter restart) are never dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 import contextlib
 import logging
-import queue
 import threading
-from typing import Any
+from typing import Any, Final
 
 _LOGGER = logging.getLogger(__name__)
 
 _STOP = object()
+# Jobs waiting: mic chunks of 32 ms, ~8 s of audio (~256 KB). A busy machine that
+# falls a few seconds behind loses nothing; only a flood reaches the bound.
+MAX_QUEUED: Final = 256
 
 
 class DspWorker:
     """Runs blocking DSP jobs in order on one thread; results come back on the loop."""
 
-    def __init__(self, name: str = "rtvoice dsp") -> None:
+    def __init__(self, name: str = "rtvoice dsp", max_queued: int = MAX_QUEUED) -> None:
         """Create the worker; its thread starts with the first job."""
         self.name = name
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.max_queued = max_queued
+        self._jobs: deque[Any] = deque()  # (job, args, done, droppable), or _STOP
+        self._ready = threading.Condition()
+        self.dropped = 0  # droppable jobs dropped, the queue being full (diagnostics)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exited: asyncio.Future[None] | None = None
@@ -50,10 +62,13 @@ class DspWorker:
         job: Callable[..., Any],
         *args: Any,
         done: Callable[[Any], None] | None = None,
+        droppable: bool = False,
     ) -> bool:
         """Queue ``job(*args)``; ``done(result)`` runs on the loop after it.
 
         Return False (and run nothing) once the worker is closed. Call from the loop.
+        With ``max_queued`` jobs waiting, the oldest droppable one is dropped (its
+        ``done`` never runs).
         """
         if self._closed:
             return False
@@ -65,8 +80,25 @@ class DspWorker:
                 target=self._run, args=(loop, self._exited), name=self.name, daemon=True
             )
             self._thread.start()
-        self._jobs.put((job, args, done))
+        with self._ready:
+            if len(self._jobs) >= self.max_queued:
+                self._drop_oldest()
+            self._jobs.append((job, args, done, droppable))
+            self._ready.notify()
         return True
+
+    def _drop_oldest(self) -> None:
+        """Drop the oldest droppable job waiting (with ``_ready`` held)."""
+        for index, item in enumerate(self._jobs):
+            if item is not _STOP and item[3]:
+                del self._jobs[index]
+                self.dropped += 1
+                return
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting now."""
+        return len(self._jobs)
 
     async def aclose(self) -> None:
         """Skip queued jobs, let the running one finish, wait for the thread to exit.
@@ -77,7 +109,9 @@ class DspWorker:
         if not self._closed:
             self._closed = True
             if self._thread is not None:
-                self._jobs.put(_STOP)
+                with self._ready:
+                    self._jobs.append(_STOP)
+                    self._ready.notify()
         exited, thread = self._exited, self._thread
         if exited is None or thread is None:
             return
@@ -88,10 +122,10 @@ class DspWorker:
         self, loop: asyncio.AbstractEventLoop, exited: asyncio.Future[None]
     ) -> None:
         try:
-            while (item := self._jobs.get()) is not _STOP:
+            while (item := self._next()) is not _STOP:
                 if self._closed:
                     continue  # closing: queued work is skipped
-                job, args, done = item
+                job, args, done, _droppable = item
                 try:
                     result = job(*args)
                 except Exception as err:  # noqa: BLE001 - one chunk lost, not the stream
@@ -104,6 +138,12 @@ class DspWorker:
             return
         with contextlib.suppress(RuntimeError):  # the loop closed under us
             loop.call_soon_threadsafe(_set_exited, exited)
+
+    def _next(self) -> Any:
+        with self._ready:
+            while not self._jobs:
+                self._ready.wait()
+            return self._jobs.popleft()
 
 
 def _log_failure(name: str, err: Exception) -> None:
