@@ -121,7 +121,8 @@ DEFAULT_OPTIONS_OPENAI: Final = {
 
 # Fired when a conversation closes: data id, messages, chars, satellite (no text).
 EVENT_CONVERSATION_CLOSED: Final = "rtvoice_conversation_closed"
-# Fired when a conversation's model asks the parent: data id, text, satellite.
+# Fired when a conversation's model asks the parent: data id, question_id, chars,
+# satellite (no text: read it with rtvoice.get_question).
 EVENT_ASK_PARENT: Final = "rtvoice_ask_parent"
 # Dispatcher signal (format with the entry id) sent by the SessionManager whenever a
 # conversation's state or counters change: args (satellite_entity_id | None,
