@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Mapping
+import dataclasses
 import logging
 from typing import Any
 
 import openai
 
 from homeassistant.config_entries import ConfigEntry
-from homeassistant.core import HomeAssistant
+from homeassistant.core import Context, HomeAssistant
 from homeassistant.exceptions import (
     ConfigEntryAuthFailed,
     ConfigEntryError,
@@ -202,6 +203,16 @@ class Brain:
         """Before each push: fetch the LLM API instance for the child's turn."""
         if isinstance(self.tools, HaToolRunner):
             await self.tools.async_prepare(child_id, self._turns.get(child_id))
+
+    async def async_prepare_as(self, child_id: str, context: Context) -> None:
+        """Prepare the child's next input for another caller (same device, language).
+
+        The control plane's inputs run their tools as whoever sent them.
+        """
+        self._turns.set(
+            child_id, dataclasses.replace(self._turns.get(child_id), context=context)
+        )
+        await self.async_prepare(child_id)
 
     def forget(self, child_id: str) -> None:
         """Drop the turn and prepared tools of a closed session."""

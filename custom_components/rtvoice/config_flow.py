@@ -80,6 +80,7 @@ from .const import (
     CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
+    CONF_MAX_ANSWER_CHARS,
     CONF_MAX_TOOL_TURNS,
     CONF_MODEL,
     CONF_NAME,
@@ -100,6 +101,7 @@ from .const import (
     DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_LLM_HASS_API,
+    DEFAULT_MAX_ANSWER_CHARS,
     DEFAULT_MAX_TOOL_TURNS,
     DEFAULT_MODEL,
     DEFAULT_NAME,
@@ -114,12 +116,14 @@ from .const import (
     MAX_CONTEXT_WINDOW,
     MAX_FIRST_TOKEN_TIMEOUT,
     MAX_IDLE_TIMEOUT,
+    MAX_MAX_ANSWER_CHARS,
     MAX_MAX_TOOL_TURNS,
     MAX_TEMPERATURE,
     MIN_CHUNK_TIMEOUT,
     MIN_CONTEXT_WINDOW,
     MIN_FIRST_TOKEN_TIMEOUT,
     MIN_IDLE_TIMEOUT,
+    MIN_MAX_ANSWER_CHARS,
     MIN_MAX_TOOL_TURNS,
     MIN_TEMPERATURE,
     VALIDATION_TIMEOUT,
@@ -1419,6 +1423,9 @@ def _options_schema(apis: list[SelectOptionDict] | None) -> vol.Schema:
         schema[vol.Required(CONF_MAX_TOOL_TURNS, default=DEFAULT_MAX_TOOL_TURNS)] = (
             _number(MIN_MAX_TOOL_TURNS, MAX_MAX_TOOL_TURNS)
         )
+        schema[
+            vol.Required(CONF_MAX_ANSWER_CHARS, default=DEFAULT_MAX_ANSWER_CHARS)
+        ] = _number(MIN_MAX_ANSWER_CHARS, MAX_MAX_ANSWER_CHARS, unit="characters")
         schema[vol.Required(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE)] = _number(
             MIN_TEMPERATURE, MAX_TEMPERATURE, step=0.05, mode=NumberSelectorMode.SLIDER
         )
@@ -1450,6 +1457,9 @@ def _options_from_input(brain: str, user_input: dict[str, Any]) -> dict[str, Any
                 CONF_LLM_HASS_API: user_input[CONF_LLM_HASS_API],
                 CONF_CONTEXT_WINDOW: int(user_input[CONF_CONTEXT_WINDOW]),
                 CONF_MAX_TOOL_TURNS: int(user_input[CONF_MAX_TOOL_TURNS]),
+                CONF_MAX_ANSWER_CHARS: int(
+                    user_input.get(CONF_MAX_ANSWER_CHARS, DEFAULT_MAX_ANSWER_CHARS)
+                ),
                 CONF_TEMPERATURE: float(user_input[CONF_TEMPERATURE]),
                 CONF_FIRST_TOKEN_TIMEOUT: int(user_input[CONF_FIRST_TOKEN_TIMEOUT]),
                 CONF_CHUNK_TIMEOUT: int(user_input[CONF_CHUNK_TIMEOUT]),

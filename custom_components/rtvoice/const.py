@@ -56,11 +56,18 @@ DEFAULT_CONTEXT_WINDOW: Final = 8000
 MIN_CONTEXT_WINDOW: Final = 1000
 MAX_CONTEXT_WINDOW: Final = 200000
 
-# Tool-call turns per round, 0 = unlimited (openai brain only).
+# Tool-call turns per input (openai brain only): 0 = the kernel's ceiling (25), never
+# unlimited: a model that calls tools for ever is stopped (issue 16).
 CONF_MAX_TOOL_TURNS: Final = "max_tool_turns"
-DEFAULT_MAX_TOOL_TURNS: Final = 0
+DEFAULT_MAX_TOOL_TURNS: Final = 8
 MIN_MAX_TOOL_TURNS: Final = 0
-MAX_MAX_TOOL_TURNS: Final = 50
+MAX_MAX_TOOL_TURNS: Final = 25
+
+# Characters of one answer; a longer answer ends there (openai brain only).
+CONF_MAX_ANSWER_CHARS: Final = "max_answer_chars"
+DEFAULT_MAX_ANSWER_CHARS: Final = 4000
+MIN_MAX_ANSWER_CHARS: Final = 100
+MAX_MAX_ANSWER_CHARS: Final = 200000
 
 # Sampling temperature (openai brain only).
 CONF_TEMPERATURE: Final = "temperature"
@@ -104,6 +111,7 @@ DEFAULT_OPTIONS_OPENAI: Final = {
     CONF_LLM_HASS_API: DEFAULT_LLM_HASS_API,
     CONF_CONTEXT_WINDOW: DEFAULT_CONTEXT_WINDOW,
     CONF_MAX_TOOL_TURNS: DEFAULT_MAX_TOOL_TURNS,
+    CONF_MAX_ANSWER_CHARS: DEFAULT_MAX_ANSWER_CHARS,
     CONF_TEMPERATURE: DEFAULT_TEMPERATURE,
     CONF_FIRST_TOKEN_TIMEOUT: DEFAULT_FIRST_TOKEN_TIMEOUT,
     CONF_CHUNK_TIMEOUT: DEFAULT_CHUNK_TIMEOUT,
@@ -115,7 +123,8 @@ DEFAULT_OPTIONS_OPENAI: Final = {
 
 # Fired when a conversation closes: data id, messages, chars, satellite (no text).
 EVENT_CONVERSATION_CLOSED: Final = "rtvoice_conversation_closed"
-# Fired when a conversation's model asks the parent: data id, text, satellite.
+# Fired when a conversation's model asks the parent: data id, question_id, chars,
+# satellite (no text: read it with rtvoice.get_question).
 EVENT_ASK_PARENT: Final = "rtvoice_ask_parent"
 # Dispatcher signal (format with the entry id) sent by the SessionManager whenever a
 # conversation's state or counters change: args (satellite_entity_id | None,

@@ -4,11 +4,18 @@ DESIGN §4.8 / §5.4. One ``ControlPlane`` per entry serves both the ``rtvoice.*
 actions (``services``) and the control LLM API (``control_api``); each of them only
 turns its callers' input into these calls and the errors into its own messages.
 
-Who may do what is decided here too (``async_is_privileged``, ``may_control``), so
-the actions and the LLM API apply one policy (docs/actions.md, "Who may call what"):
-administrators and callers without a user (automations, scripts, satellites) may do
-everything; any other user may start conversations and send to / stop the ones that
-belong to them, and may not list them or read transcripts.
+Who may do what is decided here too (``async_is_privileged``, ``may_control``,
+``async_check_start``), so the actions and the LLM API apply one policy
+(docs/actions.md, "Who may call what"): administrators may do everything, and so may
+actions called without a user (automations, scripts); the control LLM API called
+without a user (a satellite's speaker talking to the main agent) may not. Any other
+user may start conversations (on a satellite only as ``assist_satellite`` would let
+them, never with instructions of their own, never replacing someone else's) and send
+to / stop the ones that belong to them, and may not list them or read transcripts.
+
+Every input runs its tools with the Home Assistant ``Context`` of whoever gave it
+(``async_send``, ``async_start``): Home Assistant's own permission checks apply to
+the service calls the tools make, and those calls carry that user's id.
 
 Answers of inputs sent here (``send``) are spoken on the satellite with
 ``assist_satellite.announce`` when the satellite supports announcements; otherwise
@@ -33,14 +40,20 @@ from functools import partial
 import logging
 from typing import Any, Final
 
+from homeassistant.auth.permissions.const import POLICY_CONTROL
 from homeassistant.components.assist_satellite.const import PREANNOUNCE_URL
 from homeassistant.config_entries import ConfigEntry
-from homeassistant.core import HomeAssistant, callback
+from homeassistant.core import Context, HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError
 
 from .const import DOMAIN
 from .duplex_ha import DuplexSatellites
-from .errors import RtVoiceError, UnknownConversationError, UnknownSatelliteError
+from .errors import (
+    NotAllowedError,
+    RtVoiceError,
+    UnknownConversationError,
+    UnknownSatelliteError,
+)
 from .kernel import Kernel, KernelError, Outcome, Ticket, format_transcript
 from .satellites import SATELLITE_DOMAIN, SatelliteDirectory
 from .sessions import DuplexHandle, SessionManager
@@ -57,14 +70,18 @@ FEATURE_ANNOUNCE: Final = "announce"
 FEATURE_START_CONVERSATION: Final = "start_conversation"
 
 
-async def async_is_privileged(hass: HomeAssistant, user_id: str | None) -> bool:
+async def async_is_privileged(
+    hass: HomeAssistant, user_id: str | None, *, trust_no_user: bool = True
+) -> bool:
     """Whether a caller may see and control every conversation.
 
-    True for administrators and for calls without a user (automations, scripts
-    started by the system, satellites); False for other users and unknown ids.
+    True for administrators; for calls without a user when ``trust_no_user`` (the
+    actions: automations, scripts started by the system); False for other users and
+    unknown ids. The control LLM API passes ``trust_no_user=False``: without a user
+    its caller may be anyone speaking at a satellite.
     """
     if not user_id:
-        return True
+        return trust_no_user
     user = await hass.auth.async_get_user(user_id)
     return user is not None and user.is_admin
 
@@ -116,23 +133,41 @@ class ControlPlane:
         system_prompt: str | None = None,
         owner: str | None = None,
         message: str | None = None,
+        *,
+        context: Context | None = None,
+        privileged: bool = True,
+        origin_device_id: str | None = None,
     ) -> str:
         """Start a conversation (on a satellite, else on an ad-hoc pair); its id.
 
         ``owner``: the user who asked for it (they may send to it and stop it).
+        ``context``: the caller's, with which the conversation's first inputs run
+        their tools (until the next input brings its own). ``privileged``:
+        ``async_is_privileged`` of the caller; who else may start what is
+        ``async_check_start`` (``origin_device_id``: the device the caller speaks
+        from, when known).
         On a satellite that can start conversations, the satellite then speaks
         ``message`` (or plays its chime when there is none) and listens: the user's
         answer continues this conversation. One that can only announce speaks the
         message. The model is told what the satellite said.
 
         Raises ``UnknownSatelliteError`` for a satellite the entry does not know,
-        ``RtVoiceError`` when the kernel refuses the conversation.
+        ``NotAllowedError`` when the caller may not start it there (nothing is
+        closed), ``RtVoiceError`` when the kernel refuses the conversation.
         """
         info = self._satellites.info(satellite) if satellite is not None else None
         if satellite is not None and info is None:
             raise UnknownSatelliteError(
                 f"unknown satellite {satellite!r}"
                 f" (known: {id_list(self._satellites.satellites(), limit=50)})"
+            )
+        context = context if context is not None else Context()
+        if not privileged and satellite is not None:
+            await self.async_check_start(
+                satellite,
+                context,
+                system_prompt=system_prompt,
+                origin_device_id=origin_device_id,
             )
         if (
             satellite is not None
@@ -154,7 +189,12 @@ class ControlPlane:
         )
         try:
             conversation_id = await self._sessions.async_open(
-                satellite, system_prompt, language, owner, extra_prompt=opening
+                satellite,
+                system_prompt,
+                language,
+                owner,
+                extra_prompt=opening,
+                context=context,
             )
         except KernelError as err:
             raise RtVoiceError(str(err)) from err
@@ -219,9 +259,74 @@ class ControlPlane:
         self._announce_tasks.add(task)
         task.add_done_callback(self._announce_tasks.discard)
 
+    async def async_check_start(
+        self,
+        satellite: str,
+        context: Context,
+        *,
+        system_prompt: str | None,
+        origin_device_id: str | None = None,
+    ) -> None:
+        """Refuse an unprivileged caller's start on a satellite it may not change.
+
+        A satellite's conversation speaks to whoever is there: a caller who is
+        neither an administrator nor an automation may start one only
+
+        - as a user with the right to control the satellite's entity (what
+          ``assist_satellite.start_conversation`` requires), or from the
+          satellite itself (``origin_device_id``, e.g. the main agent asked there);
+        - with the entry's instructions (no ``system_prompt`` of their own);
+        - when the satellite has no conversation, or one that is theirs (from
+          the satellite itself: any, it is the speaker's own).
+
+        Raises ``NotAllowedError``; nothing is closed then.
+        """
+        info = self._satellites.info(satellite)
+        from_there = (
+            origin_device_id is not None
+            and info is not None
+            and info.device_id == origin_device_id
+        )
+        user = (
+            await self._hass.auth.async_get_user(context.user_id)
+            if context.user_id
+            else None
+        )
+        if not from_there and (
+            user is None or not user.permissions.check_entity(satellite, POLICY_CONTROL)
+        ):
+            raise NotAllowedError(
+                context, "satellite_not_allowed", {"satellite": satellite}
+            )
+        if system_prompt:
+            raise NotAllowedError(
+                context, "satellite_prompt_admin_only", {"satellite": satellite}
+            )
+        running = self._sessions.running_on(satellite)
+        if (
+            not from_there
+            and running is not None
+            and (user is None or self._sessions.owner(running) != user.id)
+        ):
+            raise NotAllowedError(context, "satellite_busy", {"satellite": satellite})
+
+    async def async_send(
+        self, conversation_id: str, text: str, context: Context
+    ) -> int:
+        """Push ``text`` as the caller of ``context`` (its tools run as them).
+
+        Raises as ``send``; the conversation's tools are prepared for the caller
+        first (their user, the conversation's device and language).
+        """
+        if text.strip():
+            await self._sessions.async_act_as(conversation_id, context)
+        return self.send(conversation_id, text)
+
     def send(self, conversation_id: str, text: str) -> int:
         """Push ``text`` into a live conversation (interrupting it); the input seq.
 
+        The tools run with the context of the conversation's current turn; the
+        actions and the LLM API call ``async_send`` to run them as their caller.
         Raises ``EmptyInputError`` for blank text, ``UnknownConversationError`` when
         no live conversation has the id.
         """
@@ -300,6 +405,18 @@ class ControlPlane:
         return privileged or (
             user_id is not None and self._sessions.owner(conversation_id) == user_id
         )
+
+    def is_on_device(self, conversation_id: str, device_id: str | None) -> bool:
+        """Whether a live conversation runs on the satellite of ``device_id``."""
+        satellite = self._sessions.satellite(conversation_id)
+        info = self._satellites.info(satellite) if satellite is not None else None
+        return (
+            device_id is not None and info is not None and info.device_id == device_id
+        )
+
+    def question(self, conversation_id: str, question_id: str) -> str | None:
+        """Return what a conversation asked its parent (None: not known here)."""
+        return self._sessions.question(conversation_id, question_id)
 
     def known_ids(self) -> list[str]:
         """Ids of live and archived conversations."""

@@ -19,7 +19,12 @@ satellites to choose from, the list action), so the model can correct itself in 
 step; they never name other conversations. The same rules as the actions
 (``control``): listing and reading transcripts reveal what people said, so a caller
 who is a user must be an administrator; a user who is not may send to and stop only
-the conversations that belong to them.
+the conversations that belong to them. Unlike the actions, a call **without a user**
+is not trusted: the main agent hears anyone speaking at any satellite, and a
+satellite's speaker is not an administrator. Such a caller may start a conversation
+on the satellite it speaks from (with the entry's instructions) and send to / stop
+the conversation of that satellite, nothing else. Every input sent here runs its
+tools with the agent's context (its user, or none), as the agent's own tools do.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import voluptuous as vol
 from voluptuous.humanize import humanize_error
 
 from homeassistant.config_entries import ConfigEntryState
-from homeassistant.core import HomeAssistant, callback
+from homeassistant.core import Context, HomeAssistant, callback
 from homeassistant.helpers import config_validation as cv, llm
 from homeassistant.util.json import JsonObjectType, JsonValueType
 
@@ -42,7 +47,7 @@ from .control import (
     TRANSCRIPT_FORMATS,
     async_is_privileged,
 )
-from .errors import RtVoiceError, UnknownConversationError
+from .errors import NotAllowedError, RtVoiceError, UnknownConversationError
 from .kernel.transcript import DEFAULT_PAGE_LIMIT
 from .runtime import RtVoiceConfigEntry
 
@@ -105,6 +110,30 @@ _NOT_YOURS: Final = (
     "This user may only send to or stop conversations they started. Tell the user to"
     " ask an administrator."
 )
+_REFUSED_START: Final = {
+    "satellite_not_allowed": (
+        "This user may not start a conversation on {satellite}: it needs the right"
+        " to control that satellite. Tell the user to ask an administrator."
+    ),
+    "satellite_prompt_admin_only": (
+        "Only an administrator may give a conversation on {satellite} its own"
+        " instructions; create it without system_prompt."
+    ),
+    "satellite_busy": (
+        "{satellite} already has a conversation that is not this user's; it is not"
+        " replaced. Tell the user to try again when it has ended."
+    ),
+}
+
+
+def _context(llm_context: llm.LLMContext) -> Context:
+    """Return the agent's context (a fresh one without user when it has none)."""
+    return llm_context.context if llm_context.context is not None else Context()
+
+
+async def _async_privileged(hass: HomeAssistant, llm_context: llm.LLMContext) -> bool:
+    """Whether the agent's caller is an administrator (no user: never)."""
+    return await async_is_privileged(hass, _user_id(llm_context), trust_no_user=False)
 
 
 class _EntryTool(llm.Tool):
@@ -181,16 +210,21 @@ class RtChildrenTool(_EntryTool):
             return _error(args)
         action = args["action"]
         user_id = _user_id(llm_context)
-        privileged = await async_is_privileged(hass, user_id)
+        privileged = await _async_privileged(hass, llm_context)
         if action == ACTION_CREATE:
-            return await self._async_create(args, user_id)
+            return await self._async_create(args, llm_context, privileged=privileged)
         if action in (ACTION_SEND, ACTION_STOP):
-            if not self._entry.runtime_data.control.may_control(
-                args.get("id", ""), user_id, privileged=privileged
+            control = self._entry.runtime_data.control
+            conversation_id = args.get("id", "")
+            if not control.may_control(
+                conversation_id, user_id, privileged=privileged
+            ) and not (
+                user_id is None
+                and control.is_on_device(conversation_id, llm_context.device_id)
             ):
                 return _error(_NOT_YOURS)
             if action == ACTION_SEND:
-                return self._send(args)
+                return await self._async_send(args, _context(llm_context))
             return await self._async_stop(args)
         if not privileged:
             return _error(_NOT_ADMIN)
@@ -215,7 +249,7 @@ class RtChildrenTool(_EntryTool):
         }
 
     async def _async_create(
-        self, args: dict[str, Any], owner: str | None
+        self, args: dict[str, Any], llm_context: llm.LLMContext, *, privileged: bool
     ) -> JsonObjectType:
         runtime = self._entry.runtime_data
         satellites = _satellite_lines(self._entry)
@@ -230,7 +264,18 @@ class RtChildrenTool(_EntryTool):
             return _error(f"unknown satellite {requested!r}. {satellites}")
         try:
             conversation_id = await runtime.control.async_start(
-                satellite, args.get("system_prompt") or None, owner=owner
+                satellite,
+                args.get("system_prompt") or None,
+                owner=_user_id(llm_context),
+                context=_context(llm_context),
+                privileged=privileged,
+                origin_device_id=llm_context.device_id,
+            )
+        except NotAllowedError as err:
+            return _error(
+                _REFUSED_START.get(err.translation_key or "", _NOT_YOURS).format(
+                    satellite=satellite
+                )
             )
         except RtVoiceError as err:
             return _error(f"could not create the conversation: {err}. {satellites}")
@@ -253,13 +298,17 @@ class RtChildrenTool(_EntryTool):
             )
         return self._unknown(conversation_id)
 
-    def _send(self, args: dict[str, Any]) -> JsonObjectType:
+    async def _async_send(
+        self, args: dict[str, Any], context: Context
+    ) -> JsonObjectType:
         conversation_id: str = args.get("id", "")
         text: str = args.get("text", "")
         if not conversation_id or not text.strip():
             return _error("send needs id and a non-blank text.")
         try:
-            seq = self._entry.runtime_data.control.send(conversation_id, text)
+            seq = await self._entry.runtime_data.control.async_send(
+                conversation_id, text, context
+            )
         except UnknownConversationError:
             return self._not_live(conversation_id)
         return {
@@ -333,7 +382,7 @@ class RtTranscriptTool(_EntryTool):
         args = self._ready(tool_input)
         if isinstance(args, str):
             return _error(args)
-        if not await async_is_privileged(hass, _user_id(llm_context)):
+        if not await _async_privileged(hass, llm_context):
             return _error(_NOT_ADMIN)
         conversation_id: str = args["id"]
         offset: int = args["offset"]

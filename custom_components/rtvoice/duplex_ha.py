@@ -300,6 +300,7 @@ def with_entry_settings(
         binding,
         context_window=settings.context_window,
         max_tool_turns=settings.max_tool_turns,
+        max_answer_chars=settings.max_answer_chars,
         idle_timeout_s=settings.idle_timeout,
         carry_over=settings.carry_over,
     )

@@ -127,7 +127,8 @@ class DuplexBinding:
     system_prompt: str = ""
     prompt_scope: str | None = None
     context_window: int = 8000
-    max_tool_turns: int = 0
+    max_tool_turns: int = 8
+    max_answer_chars: int = 4000
     idle_timeout_s: float = 300.0
     carry_over: bool = True
     render_prompt: Callable[[], str] | None = None
@@ -232,6 +233,7 @@ class DuplexConversation:
                     prompt_scope=binding.prompt_scope,
                     context_window=binding.context_window,
                     max_tool_turns=binding.max_tool_turns,
+                    max_answer_chars=binding.max_answer_chars,
                     delivery="acknowledged",
                     carry_over=binding.carry_over,
                 )

@@ -11,9 +11,14 @@ Who may call what (docs/actions.md; the policy itself is in ``control``):
   satellites: administrators only (like HA's own actions that reveal private data).
 - ``start_conversation`` is open to every user, like
   ``assist_satellite.start_conversation``; the conversation belongs to the caller.
+  On a satellite a user who is not an administrator needs the right to control
+  the satellite's entity, may not set ``system_prompt``, and may not replace a
+  conversation that is not theirs (``ControlPlane.async_check_start``).
 - ``send`` and ``stop_conversation``: administrators, and any user for the
   conversations that belong to them (started by them, or their own Assist dialog).
 - Calls without a user (automations, scripts run by the system) may do everything.
+- Every input's tools run with the caller's context (user), so Home Assistant's
+  permission checks apply to what they do.
 - A refused call raises ``NotAllowedError`` (HA's ``Unauthorized``); no error names
   a conversation other than the one asked for.
 """
@@ -58,6 +63,7 @@ SERVICE_SEND: Final = "send"
 SERVICE_STOP_CONVERSATION: Final = "stop_conversation"
 SERVICE_LIST_CONVERSATIONS: Final = "list_conversations"
 SERVICE_GET_TRANSCRIPT: Final = "get_transcript"
+SERVICE_GET_QUESTION: Final = "get_question"
 
 ATTR_SATELLITE: Final = "satellite"
 ATTR_SYSTEM_PROMPT: Final = "system_prompt"
@@ -68,6 +74,7 @@ ATTR_TEXT: Final = "text"
 ATTR_OFFSET: Final = "offset"
 ATTR_LIMIT: Final = "limit"
 ATTR_FORMAT: Final = "format"
+ATTR_QUESTION_ID: Final = "question_id"
 
 _CONVERSATION_ID = vol.All(cv.string, vol.Length(min=1))
 
@@ -100,6 +107,13 @@ GET_TRANSCRIPT_SCHEMA: Final = vol.Schema(
             vol.Coerce(int), vol.Range(min=1, max=MAX_PAGE_LIMIT)
         ),
         vol.Optional(ATTR_FORMAT, default=FORMAT_TEXT): vol.In(TRANSCRIPT_FORMATS),
+    }
+)
+
+GET_QUESTION_SCHEMA: Final = vol.Schema(
+    {
+        vol.Required(ATTR_CONVERSATION_ID): _CONVERSATION_ID,
+        vol.Required(ATTR_QUESTION_ID): vol.All(cv.string, vol.Length(min=1)),
     }
 )
 
@@ -199,13 +213,18 @@ async def _async_start_conversation(call: ServiceCall) -> ServiceResponse:
     entry = _entry_for_start(call.hass, call.data.get(ATTR_CONFIG_ENTRY_ID))
     runtime = entry.runtime_data
     satellite: str | None = call.data.get(ATTR_SATELLITE)
+    privileged = await async_is_privileged(call.hass, call.context.user_id)
     try:
         conversation_id = await runtime.control.async_start(
             satellite,
             call.data.get(ATTR_SYSTEM_PROMPT) or None,
             owner=call.context.user_id,
             message=call.data.get(ATTR_MESSAGE) or None,
+            context=call.context,
+            privileged=privileged,
         )
+    except NotAllowedError:
+        raise
     except UnknownSatelliteError as err:
         raise ServiceValidationError(
             translation_domain=DOMAIN,
@@ -233,7 +252,9 @@ async def _async_send(call: ServiceCall) -> ServiceResponse:
         )
     entry = await _async_entry_to_control(call, conversation_id)
     try:
-        seq = entry.runtime_data.control.send(conversation_id, text)
+        seq = await entry.runtime_data.control.async_send(
+            conversation_id, text, call.context
+        )
     except UnknownConversationError as err:  # known, but not live: ended or closing
         raise _closed_error(conversation_id) from err
     return {"seq": seq}
@@ -268,6 +289,27 @@ async def _async_get_transcript(call: ServiceCall) -> ServiceResponse:
         call.data[ATTR_OFFSET],
         call.data[ATTR_LIMIT],
         call.data[ATTR_FORMAT],
+    )
+
+
+async def _async_get_question(call: ServiceCall) -> ServiceResponse:
+    conversation_id: str = call.data[ATTR_CONVERSATION_ID]
+    question_id: str = call.data[ATTR_QUESTION_ID]
+    for entry in _loaded_entries(call.hass):
+        text = entry.runtime_data.control.question(conversation_id, question_id)
+        if text is not None:
+            return {
+                "conversation_id": conversation_id,
+                "question_id": question_id,
+                "text": text,
+            }
+    raise ServiceValidationError(
+        translation_domain=DOMAIN,
+        translation_key="unknown_question",
+        translation_placeholders={
+            "conversation_id": conversation_id,
+            "question_id": question_id,
+        },
     )
 
 
@@ -344,5 +386,12 @@ def async_setup_services(hass: HomeAssistant) -> None:
         SERVICE_GET_TRANSCRIPT,
         _async_get_transcript,
         GET_TRANSCRIPT_SCHEMA,
+        SupportsResponse.ONLY,
+    )
+    _async_register_admin(
+        hass,
+        SERVICE_GET_QUESTION,
+        _async_get_question,
+        GET_QUESTION_SCHEMA,
         SupportsResponse.ONLY,
     )

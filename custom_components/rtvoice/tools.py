@@ -7,6 +7,14 @@ that conversation's current turn (user context, language, device), so a tool act
 with the rights and the area of the satellite that asked, and only on the entities
 exposed to Assist: the LLM context names the ``conversation`` assistant, whose
 exposure settings HA's Assist API enforces when it matches targets.
+
+A turn's context carries the user whose input it is (the Assist user, the caller
+of ``rtvoice.send``; none for a satellite's own turn): HA's permission checks apply
+to the service calls the tools make. HA's intent tools run those calls in a task
+whose ``Unauthorized`` they do not report (2025.4 answers "action_done"); the runner
+checks the entities such a result names against the user's permissions and gives
+the model the refusal instead (``_refusal``), so it does not claim a change that
+Home Assistant refused.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
 
+from homeassistant.auth.permissions.const import POLICY_CONTROL
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import llm
@@ -207,7 +216,53 @@ class HaToolRunner:
                 "Tool %s raised %s", call.name, type(err).__name__, exc_info=True
             )
             return error_text(err)
-        return compat.tool_result_to_text(result)
+        text = compat.tool_result_to_text(result)
+        return await self._refusal(prepared.instance, text) or text
+
+    async def _refusal(self, instance: llm.APIInstance, text: str) -> str | None:
+        """Return an error result when the turn's user may not control a target.
+
+        Only for a user who is not an administrator, and only for results that
+        name the entities they acted on (``data.success``, the intent shape).
+        """
+        context = instance.llm_context.context
+        user_id = context.user_id if context is not None else None
+        if not user_id:
+            return None
+        try:
+            data = json.loads(text).get("data") or {}
+            targets = [
+                t["id"]
+                for t in data.get("success") or ()
+                if t.get("type") == "entity" and isinstance(t.get("id"), str)
+            ]
+        except (ValueError, AttributeError, TypeError, KeyError):
+            return None
+        if not targets:
+            return None
+        user = await self.hass.auth.async_get_user(user_id)
+        if user is not None and user.is_admin:
+            return None
+        refused = [
+            entity_id
+            for entity_id in targets
+            if user is None
+            or not user.permissions.check_entity(entity_id, POLICY_CONTROL)
+        ]
+        if not refused:
+            return None
+        _LOGGER.debug("Tool result for a user without control of %s", refused)
+        return json.dumps(
+            {
+                "error": "Unauthorized",
+                "error_text": (
+                    "Home Assistant refused this: the user may not control "
+                    + ", ".join(refused)
+                    + ". Nothing was changed there; tell the user."
+                ),
+            },
+            ensure_ascii=False,
+        )
 
     def forget(self, child_id: str) -> None:
         """Drop what was prepared for a conversation, and its API prompt."""

@@ -43,6 +43,7 @@ from custom_components.rtvoice.const import (
     CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
+    CONF_MAX_ANSWER_CHARS,
     CONF_MAX_TOOL_TURNS,
     CONF_MODEL,
     CONF_NAME,
@@ -907,6 +908,7 @@ async def test_options_openai(hass: HomeAssistant) -> None:
         CONF_LLM_HASS_API,
         CONF_CONTEXT_WINDOW,
         CONF_MAX_TOOL_TURNS,
+        CONF_MAX_ANSWER_CHARS,
         CONF_TEMPERATURE,
         CONF_FIRST_TOKEN_TIMEOUT,
         CONF_CHUNK_TIMEOUT,
@@ -931,6 +933,7 @@ async def test_options_openai(hass: HomeAssistant) -> None:
             CONF_LLM_HASS_API: LLM_API_NONE,
             CONF_CONTEXT_WINDOW: 16000.0,
             CONF_MAX_TOOL_TURNS: 5.0,
+            CONF_MAX_ANSWER_CHARS: 2000.0,
             CONF_TEMPERATURE: 0.2,
             CONF_FIRST_TOKEN_TIMEOUT: 120.0,
             CONF_CHUNK_TIMEOUT: 5.0,
@@ -944,6 +947,7 @@ async def test_options_openai(hass: HomeAssistant) -> None:
         CONF_LLM_HASS_API: LLM_API_NONE,
         CONF_CONTEXT_WINDOW: 16000,
         CONF_MAX_TOOL_TURNS: 5,
+        CONF_MAX_ANSWER_CHARS: 2000,
         CONF_TEMPERATURE: 0.2,
         CONF_FIRST_TOKEN_TIMEOUT: 120,
         CONF_CHUNK_TIMEOUT: 5,
@@ -974,7 +978,7 @@ async def test_options_empty_prompt_means_builtin(hass: HomeAssistant) -> None:
         {
             CONF_LLM_HASS_API: DEFAULT_LLM_HASS_API,
             CONF_CONTEXT_WINDOW: 8000,
-            CONF_MAX_TOOL_TURNS: 0,
+            CONF_MAX_TOOL_TURNS: 8,
             CONF_TEMPERATURE: 0.7,
             CONF_IDLE_TIMEOUT: 300,
             CONF_CARRY_OVER: True,
@@ -1023,7 +1027,8 @@ async def test_options_entry_without_stored_options(hass: HomeAssistant) -> None
         (CONF_CONTEXT_WINDOW, 999),
         (CONF_CONTEXT_WINDOW, 200001),
         (CONF_MAX_TOOL_TURNS, -1),
-        (CONF_MAX_TOOL_TURNS, 51),
+        (CONF_MAX_TOOL_TURNS, 26),
+        (CONF_MAX_ANSWER_CHARS, 99),
         (CONF_TEMPERATURE, 2.1),
         (CONF_IDLE_TIMEOUT, 9),
         (CONF_IDLE_TIMEOUT, 3601),
@@ -1111,7 +1116,7 @@ async def test_numeric_options_describe_their_range(hass: HomeAssistant) -> None
         for key, selector in result["data_schema"].schema.items()
         if isinstance(selector, NumberSelector)
     }
-    assert len(numbers) == 6
+    assert len(numbers) == 7
     for field, (config, default) in numbers.items():
         expected = f"({config['min']:g} to {config['max']:g}, default {default:g})"
         assert expected in descriptions[field], field

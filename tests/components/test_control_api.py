@@ -67,10 +67,26 @@ class Agent:
         )
 
 
+ADMIN = "admin"  # agent_for: an administrator's agent (created on first use)
+
+
+async def user_in(hass: HomeAssistant, group: str) -> str:
+    """Return the id of a (new) user in ``group`` (system-admin, system-users …)."""
+    user = await hass.auth.async_create_user(f"a {group}", group_ids=[group])
+    user.is_owner = False  # the first user HA creates is its owner (an admin)
+    return user.id
+
+
 async def agent_for(
-    hass: HomeAssistant, entry: MockConfigEntry, user_id: str | None = None
+    hass: HomeAssistant, entry: MockConfigEntry, user_id: str | None = ADMIN
 ) -> Agent:
-    """Get the entry's control API the way an agent does and wrap it."""
+    """Get the entry's control API the way an agent does and wrap it.
+
+    By default the agent acts for an administrator: without a user the control
+    API is not privileged (test_permissions.py).
+    """
+    if user_id == ADMIN:
+        user_id = await user_in(hass, "system-admin")
     instance = await llm.async_get_api(hass, api_id(entry), llm_context(hass, user_id))
     return Agent(instance)
 
@@ -294,7 +310,8 @@ async def test_reading_needs_an_admin(
 ) -> None:
     """A known non-admin user may control, but not list or read conversations."""
     hass = home.hass
-    user = await agent_for(hass, entry, hass_read_only_user.id)
+    # A user who may control the satellite (not a read-only one) may start there.
+    user = await agent_for(hass, entry, await user_in(hass, "system-users"))
     child = (await user.children(action="create", satellite=SATELLITE))["id"]
     assert (await user.children(action="send", id=child, text="Hi"))["seq"] == 1
     for result in (
@@ -383,10 +400,10 @@ async def test_a_realtime_voice_agent_as_the_parent(
 
 
 async def _converse(
-    hass: HomeAssistant, agent_id: str, text: str, cid: str | None
+    hass: HomeAssistant, user_id: str, agent_id: str, text: str, cid: str | None
 ) -> str:
     result = await conversation.async_converse(
-        hass, text, cid, Context(), language="en", agent_id=agent_id
+        hass, text, cid, Context(user_id=user_id), language="en", agent_id=agent_id
     )
     assert result.conversation_id is not None
     return result.conversation_id
@@ -400,6 +417,7 @@ async def _parent_conversation(
     home: Home, parent_agent: str, parent_peer: OpenAIPeer, child_peer: OpenAIPeer
 ) -> None:
     hass = home.hass
+    admin = await user_in(hass, "system-admin")  # without a user: not privileged
     # Turn 1: the parent's model creates a child on the kitchen satellite.
     parent_peer.enqueue(
         ToolCall(
@@ -409,7 +427,9 @@ async def _parent_conversation(
         )
     )
     parent_peer.enqueue(Text("I started a chat in the kitchen."))
-    cid = await _converse(hass, parent_agent, "Start a chat in the kitchen", None)
+    cid = await _converse(
+        hass, admin, parent_agent, "Start a chat in the kitchen", None
+    )
     first = parent_peer.requests[0]
     assert tool_named(first.tools, TOOL_CHILDREN) == TOOL_CHILDREN
     assert tool_named(first.tools, TOOL_TRANSCRIPT) == TOOL_TRANSCRIPT
@@ -431,7 +451,7 @@ async def _parent_conversation(
         )
     )
     parent_peer.enqueue(Text("Done."))
-    await _converse(hass, parent_agent, "Say hello there", cid)
+    await _converse(hass, admin, parent_agent, "Say hello there", cid)
     await answered
     assert child_peer.requests[-1].messages[-1] == {
         "role": "user",
@@ -444,7 +464,7 @@ async def _parent_conversation(
         ToolCall("call_4", "rt_transcript", json.dumps({"id": child})),
     )
     parent_peer.enqueue(Text("The kitchen said hello."))
-    await _converse(hass, parent_agent, "Stop it and tell me what it said", cid)
+    await _converse(hass, admin, parent_agent, "Stop it and tell me what it said", cid)
     stopped, page = _tool_results(parent_peer.requests[-1].messages)[-2:]
     assert stopped["messages"] == 2
     assert page["transcript"] == "[user] Say hello\n[assistant] Hello from the kitchen."

@@ -12,6 +12,7 @@ import voluptuous as vol
 from custom_components.rtvoice.const import DOMAIN
 from custom_components.rtvoice.kernel import KernelError
 from custom_components.rtvoice.services import (
+    SERVICE_GET_QUESTION,
     SERVICE_GET_TRANSCRIPT,
     SERVICE_LIST_CONVERSATIONS,
     SERVICE_SEND,
@@ -43,6 +44,7 @@ ALL_SERVICES = (
     SERVICE_STOP_CONVERSATION,
     SERVICE_LIST_CONVERSATIONS,
     SERVICE_GET_TRANSCRIPT,
+    SERVICE_GET_QUESTION,
 )
 
 
@@ -415,10 +417,9 @@ async def test_reading_needs_an_admin(
     user = Context(user_id=hass_read_only_user.id)
     admin = Context(user_id=hass_admin_user.id)
 
-    # Start, send and stop return ids and counters only: any user may call them.
-    response = await call(
-        hass, SERVICE_START_CONVERSATION, {"satellite": SATELLITE}, context=user
-    )
+    # Start, send and stop return ids and counters only: any user may call them
+    # (on a satellite only with the right to control it: test_permissions.py).
+    response = await call(hass, SERVICE_START_CONVERSATION, {}, context=user)
     assert response is not None
     conversation_id = response["conversation_id"]
     assert await call(

@@ -28,6 +28,7 @@ from custom_components.rtvoice.const import (
     CONF_FIRST_TOKEN_TIMEOUT,
     CONF_IDLE_TIMEOUT,
     CONF_LLM_HASS_API,
+    DOMAIN,
     LLM_API_NONE,
     SIGNAL_SESSION_UPDATE,
     STATE_CLOSED,
@@ -46,6 +47,7 @@ from homeassistant.components.assist_pipeline.pipeline import (
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import STATE_ON
 from homeassistant.core import Context, HomeAssistant, callback
+from homeassistant.exceptions import ServiceValidationError
 from homeassistant.helpers import (
     area_registry as ar,
     device_registry as dr,
@@ -855,13 +857,36 @@ async def test_ask_parent_event(home: Home, openai_peer: OpenAIPeer) -> None:
     assert speech(result) == "I asked."
     async with home.events_changed:
         await wait(home.events_changed.wait_for(lambda: bool(home.asked)))
-    assert home.asked == [
-        {
-            "id": result.conversation_id,
-            "text": "Is dinner ready?",
-            "satellite": SATELLITE,
-        }
-    ]
+    # Events are recorded: the event carries ids only, never the model's text
+    # (issue 16); an automation (or an administrator) reads it with get_question.
+    [asked] = home.asked
+    assert asked == {
+        "id": result.conversation_id,
+        "question_id": asked["question_id"],
+        "chars": len("Is dinner ready?"),
+        "satellite": SATELLITE,
+    }
+    assert "dinner" not in json.dumps(asked)
+    response = await home.hass.services.async_call(
+        DOMAIN,
+        "get_question",
+        {"conversation_id": asked["id"], "question_id": asked["question_id"]},
+        blocking=True,
+        return_response=True,
+    )
+    assert response == {
+        "conversation_id": asked["id"],
+        "question_id": asked["question_id"],
+        "text": "Is dinner ready?",
+    }
+    with pytest.raises(ServiceValidationError):
+        await home.hass.services.async_call(
+            DOMAIN,
+            "get_question",
+            {"conversation_id": asked["id"], "question_id": "nope"},
+            blocking=True,
+            return_response=True,
+        )
 
 
 async def test_no_tools_means_no_tools_at_all(

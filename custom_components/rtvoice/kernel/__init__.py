@@ -25,6 +25,7 @@ from .errors import (
 from .kernel import (
     ASK_PARENT_TOOL,
     DEFAULT_SYSTEM_PROMPT,
+    NOT_RUN_INTERRUPTED,
     NOT_RUN_STOPPED,
     Kernel,
     Ticket,
@@ -39,6 +40,7 @@ __all__ = [
     "ASK_PARENT_TOOL",
     "DEFAULT_SYSTEM_PROMPT",
     "INTERRUPTED_MARKER",
+    "NOT_RUN_INTERRUPTED",
     "NOT_RUN_STOPPED",
     "AgentNotRealtimeError",
     "Capability",

@@ -16,6 +16,11 @@ import enum
 import logging
 from typing import Literal
 
+from .bounds import (
+    DEFAULT_MAX_ANSWER_CHARS,
+    DEFAULT_MAX_TOOL_CALLS,
+    DEFAULT_MAX_TOOL_TURNS,
+)
 from .context import (
     joined,
     joins,
@@ -50,7 +55,8 @@ class ChildOptions:
     input: str
     output: str
     system_prompt: str = ""
-    max_tool_turns: int = 0  # 0 = unlimited: a call is an ongoing dialogue
+    # Model calls with tools per input; 0 = the ceiling (bounds.py, issue 16 §3).
+    max_tool_turns: int = DEFAULT_MAX_TOOL_TURNS
     context_window: int = 8000
     prompt_scope: str | None = None
     # "emitted": every delta handed to the output handler counts as delivered (a
@@ -60,6 +66,10 @@ class ChildOptions:
     # An input superseded before it reached the model is put in front of the next
     # input that does (joined with a space), so nothing the user said is lost.
     carry_over: bool = False
+    # Tool calls run from one model response (the rest are answered "not run"; 0 =
+    # the ceiling) and characters of one answer (its end is cut; 0 = the default).
+    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
+    max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS
 
 
 @dataclass

@@ -30,6 +30,12 @@ import logging
 import time
 from typing import Any, Literal
 
+from .bounds import (
+    bounded_call,
+    effective_answer_chars,
+    effective_tool_calls,
+    effective_tool_turns,
+)
 from .channels import ChannelRegistry, OutputHandler
 from .child import Child, ChildOptions, ChildState, ChildStats, Round, stopped_outcome
 from .context import drop_unpaired_tool_calls, message_tokens, trim_to_window
@@ -92,6 +98,9 @@ def current_round_seq() -> int | None:
 
 STOP_TOOL_TIMEOUT = 10.0
 NOT_RUN_STOPPED = json.dumps({"error": "not run: conversation stopped"})
+NOT_RUN_INTERRUPTED = json.dumps(
+    {"error": "not run: the user interrupted; answer their newest words"}
+)
 ARCHIVE_LIMIT = 64
 
 
@@ -108,6 +117,15 @@ class Ticket:
     def __repr__(self) -> str:
         """Show the seq and whether the outcome is known."""
         return f"Ticket(seq={self.seq}, done={self.outcome.done()})"
+
+
+def _cut_answer(content: str, room: int) -> str:
+    """Return what fits of a delta in ``room`` characters, ending at a word."""
+    if room <= 0:
+        return ""
+    piece = content[:room]
+    space = piece.rfind(" ")
+    return piece[:space] if space > 0 else piece
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -621,7 +639,7 @@ class Kernel:
     async def _round_body(self, child: Child, rnd: Round) -> None:
         specs = self._specs()
         turns = 0
-        max_turns = child.options.max_tool_turns
+        max_turns = effective_tool_turns(child.options.max_tool_turns)
         while True:
             if child.slot.seq > rnd.seq or rnd.interrupt_requested or child.stopped:
                 child.end_cut(rnd)
@@ -629,7 +647,7 @@ class Kernel:
             if not rnd.model_called:
                 rnd.model_called = True
                 child.commit_input(rnd)
-            limit_reached = 0 < max_turns <= turns
+            limit_reached = max_turns <= turns
             text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
             if not calls:
                 child.commit_answer(rnd, text)
@@ -680,24 +698,39 @@ class Kernel:
         calls: list[ToolCall] = []
         rnd.turn_text = []
         rnd.call_start = rnd.emitted_len
+        max_chars = effective_answer_chars(child.options.max_answer_chars)
         self._set_state(child, ChildState.THINKING)
         stream = self.provider.stream(messages, tools)
         try:
             async for delta in stream:
-                if delta.content:
+                content = delta.content
+                cut = len(content) > max_chars - rnd.emitted_len
+                if cut:  # the answer's length bound: end it here (issue 16 §3)
+                    content = _cut_answer(content, max_chars - rnd.emitted_len)
+                if content:
                     if rnd.first_delta:
                         rnd.first_delta = False
                         child.first_delta_ms = (
                             time.perf_counter() - rnd.pushed_at
                         ) * 1e3
                         self._set_state(child, ChildState.SPEAKING)
-                    rnd.turn_text.append(delta.content)
-                    rnd.emitted.append(delta.content)
-                    rnd.emitted_len += len(delta.content)
+                    rnd.turn_text.append(content)
+                    rnd.emitted.append(content)
+                    rnd.emitted_len += len(content)
                     if handler is not None:
-                        await self._emit(child, handler, delta.content)
+                        await self._emit(child, handler, content)
+                if cut:
+                    _LOGGER.debug(
+                        "Child %s: answer cut at %d characters",
+                        child.options.id,
+                        rnd.emitted_len,
+                    )
+                    return "".join(rnd.turn_text), []
                 if delta.tool_calls:
-                    calls.extend(delta.tool_calls)
+                    calls.extend(
+                        bounded_call(c, len(calls) + i)
+                        for i, c in enumerate(delta.tool_calls)
+                    )
         finally:
             # An async generator that already ended (ag_frame None: exhausted,
             # or its own cleanup ran when the cancel landed inside it) needs none.
@@ -729,11 +762,20 @@ class Kernel:
     ) -> None:
         results: list[Message] = []
         rnd.group = (text, calls, results)
-        for call in calls:
+        max_calls = effective_tool_calls(child.options.max_tool_calls)
+        for index, call in enumerate(calls):
             if limit_reached:
                 result = json.dumps({"error": "tool turn limit reached; not run"})
+            elif index >= max_calls:
+                result = json.dumps(
+                    {"error": f"not run: at most {max_calls} tool calls per answer"}
+                )
             elif child.stopped:  # a stop began during the group: start nothing new
                 result = NOT_RUN_STOPPED
+            elif child.slot.seq > rnd.seq or rnd.interrupt_requested:
+                # A barge-in during the group: the started call has completed (its
+                # critical section); the calls not yet started are not run.
+                result = NOT_RUN_INTERRUPTED
             else:
                 result = await self._call_tool(child, call)
             results.append(Message("tool", result, tool_call_id=call.id))

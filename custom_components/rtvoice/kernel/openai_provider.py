@@ -33,6 +33,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from .bounds import MAX_ARGUMENT_CHARS
 from .errors import KernelError
 from .types import Delta, Message, ToolCall, ToolSpec
 
@@ -54,6 +55,9 @@ __all__ = [
 # Local servers (Ollama, llama.cpp …) need no key, but the SDK insists on one.
 PLACEHOLDER_API_KEY = "no-key"
 _MAX_SERVER_MESSAGE = 200
+# Raw JSON of one call's arguments kept while it streams in; longer is an error
+# (bounds.py holds the limits on the parsed arguments).
+MAX_RAW_ARGUMENT_CHARS = 4 * MAX_ARGUMENT_CHARS
 
 
 class ProviderError(KernelError):
@@ -402,6 +406,7 @@ class _PartialToolCall:
     call_id: str | None = None
     name: str | None = None
     argument_pieces: list[str] = field(default_factory=list)
+    argument_chars: int = 0
 
 
 class ToolCallAssembler:
@@ -441,8 +446,10 @@ class ToolCallAssembler:
             call.call_id = call_id
         if name and not call.name:
             call.name = name
-        if arguments:
+        if arguments and call.argument_chars <= MAX_RAW_ARGUMENT_CHARS:
+            # Past the bound the rest is not kept: the call becomes an error.
             call.argument_pieces.append(arguments)
+            call.argument_chars += len(arguments)
 
     def finish(self) -> list[ToolCall]:
         """Return the complete calls in the order they started."""
@@ -458,6 +465,12 @@ def _complete(call: _PartialToolCall) -> ToolCall:
         return ToolCall(id=call_id, name="", error="tool call without a function name")
     if not raw.strip():
         return ToolCall(id=call_id, name=name, arguments={})
+    if len(raw) > MAX_RAW_ARGUMENT_CHARS:
+        return ToolCall(
+            id=call_id,
+            name=name,
+            error=f"arguments longer than {MAX_RAW_ARGUMENT_CHARS} characters",
+        )
     try:
         arguments = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -465,6 +478,12 @@ def _complete(call: _PartialToolCall) -> ToolCall:
             id=call_id,
             name=name,
             error=f"invalid JSON arguments: {err.msg} ({_clip(raw)})",
+        )
+    except (RecursionError, ValueError) as err:  # nested too deep to parse
+        return ToolCall(
+            id=call_id,
+            name=name,
+            error=f"arguments could not be read ({type(err).__name__})",
         )
     if not isinstance(arguments, dict):
         return ToolCall(

@@ -39,11 +39,13 @@ from ..const import (
     CONF_CARRY_OVER,
     CONF_CONTEXT_WINDOW,
     CONF_IDLE_TIMEOUT,
+    CONF_MAX_ANSWER_CHARS,
     CONF_MAX_TOOL_TURNS,
     CONF_PROMPT,
     DEFAULT_CARRY_OVER,
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_ANSWER_CHARS,
     DEFAULT_MAX_TOOL_TURNS,
     DOMAIN,
     SIGNAL_SESSION_UPDATE,
@@ -79,6 +81,7 @@ class ConversationSettings:
     max_tool_turns: int
     idle_timeout: float  # seconds
     carry_over: bool
+    max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS
 
 
 class SessionLifecycle:
@@ -103,6 +106,7 @@ class SessionLifecycle:
         self._prompt_template = ""
         self._context_window = DEFAULT_CONTEXT_WINDOW
         self._max_tool_turns = DEFAULT_MAX_TOOL_TURNS
+        self._max_answer_chars = DEFAULT_MAX_ANSWER_CHARS
         self._idle_timeout = float(DEFAULT_IDLE_TIMEOUT)
         self._carry_over = DEFAULT_CARRY_OVER
         self.configure(entry.options)
@@ -126,6 +130,9 @@ class SessionLifecycle:
         self._max_tool_turns = int(
             options.get(CONF_MAX_TOOL_TURNS, DEFAULT_MAX_TOOL_TURNS)
         )
+        self._max_answer_chars = int(
+            options.get(CONF_MAX_ANSWER_CHARS, DEFAULT_MAX_ANSWER_CHARS)
+        )
         self._idle_timeout = float(options.get(CONF_IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT))
         self._carry_over = bool(options.get(CONF_CARRY_OVER, DEFAULT_CARRY_OVER))
 
@@ -137,6 +144,7 @@ class SessionLifecycle:
             max_tool_turns=self._max_tool_turns,
             idle_timeout=self._idle_timeout,
             carry_over=self._carry_over,
+            max_answer_chars=self._max_answer_chars,
         )
 
     def start(self, kernel: Kernel) -> None:
@@ -232,6 +240,7 @@ class SessionLifecycle:
                     output=output_channel,
                     system_prompt=system_prompt,
                     max_tool_turns=self._max_tool_turns,
+                    max_answer_chars=self._max_answer_chars,
                     context_window=self._context_window,
                     prompt_scope=session.prompt_scope,
                     carry_over=self._carry_over,

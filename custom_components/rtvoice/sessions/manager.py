@@ -24,6 +24,7 @@ output handler. HA's chat log is written by ``chat_feed``; the control plane
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Mapping
 import contextlib
 from dataclasses import replace
@@ -68,6 +69,9 @@ from .session import Conversation, DuplexConversationEntry, DuplexHandle, Sessio
 
 _LOGGER = logging.getLogger(__name__)
 
+# Questions of ask_parent kept for the parent to read (the event carries only ids).
+MAX_QUESTIONS = 256
+
 
 class SessionManager:
     """Conversations of one config entry (DESIGN §5.3, docs/architecture.md)."""
@@ -91,6 +95,8 @@ class SessionManager:
         self._locks = KeyLocks()
         self._lifecycle = SessionLifecycle(hass, entry, brain, channels, self._index)
         self._unsubs: list[CALLBACK_TYPE] = []
+        # (conversation id, question id) -> text, oldest first, at most MAX_QUESTIONS.
+        self._questions: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     # ── wiring ────────────────────────────────────────────────────────────
 
@@ -279,12 +285,18 @@ class SessionManager:
             i for i in (user_input.conversation_id, chat_log.conversation_id) if i
         }
         user_id = user_input.context.user_id
+        admin = False
+        if user_id:
+            user = await self._hass.auth.async_get_user(user_id)
+            admin = user is not None and user.is_admin
         async with self._locks.hold(lock_key(key, user_id, chat_log)):
-            route = self._index.route(self._kernel, key, wanted, user_id)
+            route = self._index.route(self._kernel, key, wanted, user_id, admin=admin)
             if route.session is not None:
                 return route.session
             if route.replaces is not None:
                 await self._lifecycle.async_close(route.replaces)
+            if route.foreign:  # someone else's: a conversation of the user's own
+                satellite = key = None
             session = await self._lifecycle.async_spawn(
                 self._index.new_id(self._kernel, chat_log.conversation_id),
                 satellite=satellite,
@@ -307,12 +319,16 @@ class SessionManager:
         language: str,
         owner: str | None = None,
         extra_prompt: str | None = None,
+        *,
+        context: Context | None = None,
     ) -> str:
         """Start a conversation on a known satellite (or ad hoc); its id.
 
         A conversation already on the satellite is closed first (hand-off). The
         first turn HA routes to the satellite continues the new conversation.
         ``extra_prompt`` is added to its system prompt (e.g. what it said first).
+        ``context``: the caller's; inputs sent before the satellite's first turn
+        run their tools with it (None: a context without user, the system's).
         """
         info = self._satellites.info(satellite) if satellite is not None else None
         async with self._locks.hold(satellite or f"open:{ulid_now()}"):
@@ -332,7 +348,7 @@ class SessionManager:
             )
         await self.async_prepare_turn(
             session.id,
-            context=Context(),
+            context=context if context is not None else Context(),
             language=language,
             device_id=session.device_id,
             satellite=satellite,
@@ -368,6 +384,35 @@ class SessionManager:
             ),
         )
         await self._brain.async_prepare(child_id)
+
+    async def async_act_as(self, conversation_id: str, context: Context) -> None:
+        """Prepare a live conversation's tools for the caller of ``context``.
+
+        Before a control-plane push (``rtvoice.send``, the control LLM API): the
+        input's tool calls run with that caller's user, so Home Assistant's
+        permission checks apply to them. The turn keeps the conversation's device,
+        satellite and language. Raises ``UnknownConversationError`` when no live
+        conversation has the id.
+        """
+        if (duplex := self._index.duplex.get(conversation_id)) is not None:
+            if duplex.close_task is not None:
+                raise UnknownConversationError(
+                    f"no live conversation {conversation_id!r}"
+                )
+            child_id = duplex.id
+        else:
+            child_id = self._live(conversation_id).id
+        await self._brain.async_prepare_as(child_id, context)
+
+    def running_on(self, satellite: str) -> str | None:
+        """Return the id of the live conversation on a satellite (None: none)."""
+        session = self._index.by_key.get(satellite)
+        if session is not None and not session.closing:
+            return session.id
+        duplex = self._index.duplex_of(satellite)
+        if duplex is not None and duplex.close_task is None:
+            return duplex.id
+        return None
 
     def forget_turn(self, child_id: str) -> None:
         """Drop a closed duplex child's turn and prepared tools."""
@@ -564,15 +609,29 @@ class SessionManager:
         )
 
     def on_ask_parent(self, child_id: str, text: str) -> None:
-        """Fire the ask-parent event."""
+        """Keep the question and fire the ask-parent event (ids only, never the text).
+
+        Home Assistant records every event's data in its database: the text (the
+        model's words about what people said) is read with ``question`` instead,
+        by those allowed to (``rtvoice.get_question``).
+        """
+        question_id = ulid_now()
+        self._questions[(child_id, question_id)] = text
+        while len(self._questions) > MAX_QUESTIONS:
+            self._questions.popitem(last=False)
         self._hass.bus.async_fire(
             EVENT_ASK_PARENT,
             {
                 "id": child_id,
-                "text": text,
+                "question_id": question_id,
+                "chars": len(text),
                 "satellite": self._index.satellite_of.get(child_id),
             },
         )
+
+    def question(self, conversation_id: str, question_id: str) -> str | None:
+        """Return the text of an ask-parent question (None: unknown or forgotten)."""
+        return self._questions.get((self.resolve(conversation_id), question_id))
 
     def on_state(self, child_id: str, state: str) -> None:
         """Tell the sensors that a conversation changed state."""

@@ -14,6 +14,11 @@ conversation id.
 - The browser's Assist dialog learns its conversation id only when a turn ends: a
   message sent while its first turn still runs comes without one. Such id-less
   turns of one user continue that user's open dialog.
+- Owners: a turn joins a live conversation only when it belongs to the turn's
+  user, or the turn has no user (the satellite itself, an automation) or an
+  administrator's. Any other turn that names a conversation (by id, or by a
+  satellite's or device's key) gets a new conversation of its own: it never
+  reads or continues someone else's, and never closes it (docs/actions.md).
 - Routing locks per key (satellite, device, dialog user or id): closing a
   conversation may wait for a running device action, and that holds up only its
   own satellite.
@@ -94,6 +99,9 @@ class Route:
     session: Session | None
     replaces: Session | None = None
     dialog_user: str | None = None  # a new session is this user's id-less dialog
+    # The key's (or the id's) conversation is someone else's: the new session is
+    # this user's own, bound to no satellite or device key.
+    foreign: bool = False
 
 
 class SessionIndex:
@@ -156,15 +164,28 @@ class SessionIndex:
         key: str | None,
         wanted: set[str],
         user_id: str | None,
+        *,
+        admin: bool = False,
     ) -> Route:
         """Find the session of a turn, or say which one a new session replaces.
 
-        ``wanted`` are the conversation ids the turn came with. Call under the
-        turn's routing lock.
+        ``wanted`` are the conversation ids the turn came with; ``admin``: the
+        turn's user is an administrator (a turn without user may join any
+        conversation too). Call under the turn's routing lock.
         """
+
+        def may_join(session: Session) -> bool:
+            return admin or user_id is None or session.owner == user_id
+
         if key is None:
             for conversation_id in wanted:
                 if (session := self.by_alias.get(conversation_id)) is not None:
+                    if not may_join(session):
+                        _LOGGER.debug(
+                            "Conversation %s is not the turn's user's: a new one",
+                            session.id,
+                        )
+                        return Route(None, foreign=True)
                     return Route(session)
             if user_id and not any(kernel.transcript(i) for i in wanted):
                 # No id we know (live or ended): a dialog without its id yet.
@@ -180,6 +201,9 @@ class SessionIndex:
             return Route(None)
         if (session := self.by_key.get(key)) is None:
             return Route(None)
+        if not may_join(session):
+            _LOGGER.debug("The conversation on %s is not the turn's user's", key)
+            return Route(None, foreign=True)
         if wanted & session.ids:
             return Route(session)
         if session.adopt_new_id:
