@@ -1,4 +1,7 @@
-"""The pydantic boundary modules (issue 16 §5): link settings, tool arguments, Wyoming.
+"""The pydantic boundary modules (issue 16 §5): link settings and Wyoming.
+
+Bounds on tool-call arguments live in one place, the kernel (``kernel/bounds.py``,
+tests/kernel/test_bounds.py).
 
 HA-free: what each module accepts and refuses, and that secrets stay out of reprs.
 The Wyoming reader's behaviour on a socket is in tests/duplex/test_wyoming_hostile.py.
@@ -16,11 +19,6 @@ from custom_components.rtvoice.link_settings import (
     LinkSettingsError,
     esphome_settings,
     wyoming_settings,
-)
-from custom_components.rtvoice.tool_args import (
-    ToolArgumentLimits,
-    ToolArgumentsError,
-    parse_tool_arguments,
 )
 from custom_components.rtvoice.wyoming_proto import (
     WyomingProtocolError,
@@ -61,41 +59,6 @@ def test_unusable_link_settings_name_fields_not_values(conf: dict[str, object]) 
 def test_wyoming_settings_default_port() -> None:
     """A Wyoming satellite without a port is on 10700."""
     assert wyoming_settings({"host": "sat"}).port == 10700
-
-
-def test_tool_arguments_within_the_limits_pass() -> None:
-    """Ordinary arguments come back as a dict."""
-    assert parse_tool_arguments('{"entity_id": "light.kitchen", "brightness": 5}') == {
-        "entity_id": "light.kitchen",
-        "brightness": 5,
-    }
-    assert parse_tool_arguments("") == {}
-    assert parse_tool_arguments({"a": [1, 2]}) == {"a": [1, 2]}
-
-
-BIG = ToolArgumentLimits(max_bytes=200_000)
-
-
-@pytest.mark.parametrize(
-    ("raw", "limits", "reason"),
-    [
-        ("[" * 600 + "]" * 600, None, "must be a JSON object"),
-        ('{"a":' * 600 + "1" + "}" * 600, None, "nested deeper"),
-        ('{"a":' * 20000 + "1" + "}" * 20000, BIG, "nested deeper"),  # RecursionError
-        (json.dumps({"a": "x" * 100_000}), None, "too large"),
-        (json.dumps({"a": list(range(1000))}), None, "more than 512 items"),
-        (json.dumps({"a": "x" * 20_000}), None, "longer than"),
-        ("{not json", None, "not JSON"),
-        ("42", None, "must be a JSON object"),
-    ],
-    ids=["list", "deep-600", "deep-20000", "large", "wide", "long", "bad", "number"],
-)
-def test_tool_arguments_beyond_the_limits_are_errors(
-    raw: str, limits: ToolArgumentLimits | None, reason: str
-) -> None:
-    """Deep, large, wide or malformed arguments: a ToolArgumentsError, no crash."""
-    with pytest.raises(ToolArgumentsError, match=reason):
-        parse_tool_arguments(raw, limits or ToolArgumentLimits())
 
 
 def test_wyoming_models() -> None:
