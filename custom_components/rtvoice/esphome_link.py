@@ -793,9 +793,10 @@ class EsphomeLink:
         client, service = self.client, self.services.get(name)
         if client is None or service is None:
             return False
+        execute: Callable[..., Any] = client.execute_service
         try:
             # None on aioesphomeapi 29.x; a coroutine (it sends) on 46+.
-            sent = client.execute_service(service, data)
+            sent = execute(service, data)
         except APIConnectionError:
             return False
         if inspect.isawaitable(sent):
