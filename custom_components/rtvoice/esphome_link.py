@@ -303,6 +303,7 @@ class EsphomeLink:
         self._start_watch: asyncio.TimerHandle | None = None
         self.voice_refused = False  # a start went to another API client
         self.barge_in_events = 0  # esphome.rtvoice_barge_in events acted on
+        self._speaker_silent = True  # no answer audio sent since the last stop
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -694,6 +695,7 @@ class EsphomeLink:
             client.send_voice_assistant_audio(frame)
         except APIConnectionError:
             return
+        self._speaker_silent = False
 
     def _send_event(
         self, event: VoiceAssistantEventType, data: dict[str, str] | None
@@ -729,6 +731,7 @@ class EsphomeLink:
     def _forget_firmware(self) -> None:
         self.services = {}
         self._duplex_on = False
+        self._speaker_silent = True  # a device that lost its client stops playing
         if (watch := self._start_watch) is not None:
             self._start_watch = None
             watch.cancel()
@@ -751,11 +754,23 @@ class EsphomeLink:
             return
         self.barge_in_events += 1
         _LOGGER.debug("%s: barge-in by %s", self.name, trigger or "the device")
+        # The device's queue is not in the player's model (ring, DMA, start
+        # latency): whatever was sent may still play, so stop it in any case.
+        self.stop_speaker()
         conversation.session.wake_word_detected()
 
     def stop_speaker(self) -> bool:
-        """Silence the device's speaker now (``rtvoice_stop_speaker``); False: none."""
-        return self._execute(ACTION_STOP_SPEAKER, {})
+        """Silence the device's speaker now (``rtvoice_stop_speaker``); False: none.
+
+        Once per stretch of answer audio: nothing sent since the last stop, nothing
+        to stop.
+        """
+        if self._speaker_silent:
+            return False
+        if not self._execute(ACTION_STOP_SPEAKER, {}):
+            return False
+        self._speaker_silent = True
+        return True
 
     def request_start(self) -> bool:
         """Ask the device to listen now (``start_listening``); False: not offered.
