@@ -287,13 +287,16 @@ async def test_stop_word_cuts_the_answer_and_listens(clip) -> None:
         assert len(history) == 2 and history[1][2]
 
 
-async def test_a_start_for_another_client_is_noticed_and_recovers(clip) -> None:
+@pytest.mark.parametrize("requested", [False, True], ids=["announced", "requested"])
+async def test_a_start_for_another_client_is_noticed_and_recovers(
+    clip, requested: bool
+) -> None:
     """Another API client owns the voice assistant: the link reports it, then recovers.
 
     The firmware refuses the link's subscription with only a log line. Its next
-    own start (a wake word) is announced to every client (``esphome.rtvoice_start``)
-    but requested from the owner: the link sees no start and reports it
-    (``on_refused(True)``). Once the other client is gone, the next announced start
+    own start (a wake word) is announced to every client (``esphome.rtvoice_start``),
+    or the link asks for one (``request_start``), but the start request goes to the
+    owner: the link sees none and reports it (``on_refused(True)``). Once the other client is gone, the next announced start
     makes the link subscribe again; the start after that reaches it (``False``).
     """
     other: list[APIClient] = []
@@ -328,7 +331,10 @@ async def test_a_start_for_another_client_is_noticed_and_recovers(clip) -> None:
                 r.device.wait_for_message("SubscribeHomeassistantServicesRequest")
             )
             mark = r.device.mark()
-            r.firmware.wake_word()
+            if requested:
+                assert r.link.request_start()  # the link asks (start_listening)
+            else:
+                r.firmware.wake_word()  # the device announces its own start
             await within(r.device.wait_for_message("VoiceAssistantResponse", mark))
             assert starts == [1]
             assert await r.refused.wait_for(1) == [True]
