@@ -187,11 +187,12 @@ async def rig(
 async def barge_in_and_say(r: Rig, clip: Any, how: str) -> None:
     """Interrupt the playing answer by ``how``, then say STOP into the open mic."""
     assert r.firmware is not None
+    words = clip(STOP)  # made first: making a clip blocks the loop
     if how == "wake_word":
         assert r.firmware.wake_word() is None  # reported, no new run
     else:
         assert r.firmware.button() is None
-    r.device.say(clip(STOP), wake_word=None)
+    r.device.say(words, wake_word=None)
 
 
 @pytest.mark.parametrize("how", ["wake_word", "button"])
