@@ -25,6 +25,14 @@ from typing import Final
 from aioesphomeapi.model import VoiceAssistantFeature
 import pytest
 
+from custom_components.rtvoice.esphome_link import (
+    ACTION_DUPLEX,
+    ACTION_START_LISTENING,
+    ACTION_STOP_SPEAKER,
+    EVENT_BARGE_IN,
+    EVENT_START,
+)
+
 # The voice-assistant features duplex mode needs from a satellite: raw PCM
 # both ways over the API connection, a speaker that plays it, timers. The
 # integration should own this (custom_components/rtvoice/const.py) and check a
@@ -42,8 +50,17 @@ DUPLEX_REQUIRED_FEATURES: Final = frozenset(
         VoiceAssistantFeature.TIMERS,
     }
 )
-# API actions (ExecuteServiceRequest) every Realtime Voice firmware offers.
-FIRMWARE_ACTIONS: Final = ("start_listening", "stop_listening")
+# API actions (ExecuteServiceRequest) every Realtime Voice firmware offers: the
+# link calls the last three (esphome_link: start a run, report barge-ins instead
+# of restarting, silence the speaker at a barge-in).
+FIRMWARE_ACTIONS: Final = (
+    "stop_listening",
+    ACTION_START_LISTENING,
+    ACTION_DUPLEX,
+    ACTION_STOP_SPEAKER,
+)
+# Home Assistant events (homeassistant.event) the link subscribes to.
+FIRMWARE_EVENTS: Final = (EVENT_BARGE_IN, EVENT_START)
 # Device info project names: full duplex plays while it listens (vad barge-in
 # possible with echo cancellation), half duplex cannot (one shared I2S bus).
 PROJECT_NAMES: Final = ("rtvoice.full-duplex", "rtvoice.half-duplex")
@@ -194,6 +211,8 @@ def test_offers_actions_and_project(record: dict[str, object], name: str) -> Non
     build = _build(name)
     for action in FIRMWARE_ACTIONS:
         assert f'"{action}"' in build.main_cpp
+    for event in FIRMWARE_EVENTS:
+        assert f'"{event}"' in build.main_cpp
     project = re.search(r'#define ESPHOME_PROJECT_NAME "([^"]+)"', build.defines_h)
     assert project
     assert project[1] in PROJECT_NAMES

@@ -15,7 +15,10 @@ plays). What HA's satellite features need, as HA's esphome entity does it:
   history as what the assistant said, the action's ``extra_system_prompt`` in its
   system prompt), the announcement plays, then the device listens and its start
   resumes that conversation;
-- the wake word configuration is the device's own (read when the link connects).
+- the wake word configuration is the device's own (read when the link connects);
+- timers (``TIMERS``): HA's timer events for the satellite's device go to the
+  device (``VoiceAssistantTimerEventResponse``), as HA's esphome satellite's
+  ``handle_timer_event`` sends them, so its timer LED and sound work in duplex.
 
 Announce and start_conversation are offered when the device's firmware reports
 them (its voice assistant feature flags).
@@ -24,11 +27,16 @@ them (its voice assistant feature flags).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 import contextlib
 import logging
 from typing import Any
 
-from aioesphomeapi import APIConnectionError, VoiceAssistantFeature
+from aioesphomeapi import (
+    APIConnectionError,
+    VoiceAssistantFeature,
+    VoiceAssistantTimerEventType,
+)
 
 from homeassistant.components.assist_pipeline import PipelineEvent
 from homeassistant.components.assist_satellite import (
@@ -39,6 +47,11 @@ from homeassistant.components.assist_satellite import (
     AssistSatelliteWakeWord,
 )
 from homeassistant.components.assist_satellite.entity import AssistSatelliteState
+from homeassistant.components.intent import (
+    TimerEventType,
+    TimerInfo,
+    async_register_timer_handler,
+)
 from homeassistant.const import Platform
 from homeassistant.core import HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError
@@ -85,6 +98,19 @@ _FEATURES = {
 }
 
 
+# HA's timer events as the device knows them (HA esphome's _TIMER_EVENT_TYPES).
+_TIMER_EVENTS = {
+    TimerEventType.STARTED: VoiceAssistantTimerEventType.VOICE_ASSISTANT_TIMER_STARTED,
+    TimerEventType.UPDATED: VoiceAssistantTimerEventType.VOICE_ASSISTANT_TIMER_UPDATED,
+    TimerEventType.CANCELLED: (
+        VoiceAssistantTimerEventType.VOICE_ASSISTANT_TIMER_CANCELLED
+    ),
+    TimerEventType.FINISHED: (
+        VoiceAssistantTimerEventType.VOICE_ASSISTANT_TIMER_FINISHED
+    ),
+}
+
+
 async def async_setup_entry(
     hass: HomeAssistant,
     entry: RtVoiceConfigEntry,
@@ -127,6 +153,7 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
             available_wake_words=[], active_wake_words=[], max_active_wake_words=1
         )
         self._config_task: asyncio.Task[None] | None = None
+        self._timers_unsubscribe: Callable[[], None] | None = None
 
     @property
     def pipeline_entity_id(self) -> str | None:
@@ -162,6 +189,8 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
             self._attr_supported_features = features
             if not was_available:
                 self._refresh_configuration()
+            if flags & VoiceAssistantFeature.TIMERS:
+                self._handle_timers()
         state = self._duplex.states.get(self._key)
         if state in _STATES:
             # A live session (after a start_conversation's announcement the
@@ -174,6 +203,43 @@ class DuplexSatelliteEntity(AssistSatelliteEntity):
             new_state = AssistSatelliteState.IDLE
         # Writes the state (called only once the entity is added).
         self._set_state(new_state)
+
+    # --- timers -----------------------------------------------------------------------
+
+    @callback
+    def _handle_timers(self) -> None:
+        """Receive the timer events of the satellite's device (once)."""
+        entry = self.registry_entry
+        if self._timers_unsubscribe is not None or entry is None or not entry.device_id:
+            return
+        self._timers_unsubscribe = async_register_timer_handler(
+            self.hass, entry.device_id, self._handle_timer_event
+        )
+        self.async_on_remove(self._stop_timers)
+
+    @callback
+    def _stop_timers(self) -> None:
+        if (unsubscribe := self._timers_unsubscribe) is not None:
+            self._timers_unsubscribe = None
+            unsubscribe()
+
+    @callback
+    def _handle_timer_event(
+        self, event_type: TimerEventType, timer_info: TimerInfo
+    ) -> None:
+        """Send a timer event to the device (dropped while it is offline)."""
+        native = _TIMER_EVENTS.get(event_type)
+        link = self._duplex.links.get(self._key)
+        if native is None or link is None:
+            return
+        link.send_timer_event(
+            event_type=native,
+            timer_id=timer_info.id,
+            name=timer_info.name,
+            total_seconds=timer_info.created_seconds,
+            seconds_left=timer_info.seconds_left,
+            is_active=timer_info.is_active,
+        )
 
     # --- announcements --------------------------------------------------------------
 

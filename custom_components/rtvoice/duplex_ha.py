@@ -20,6 +20,8 @@
   satellite entities (a dispatcher signal) when a link's availability or session
   state changes, plays announcements, and opens the conversation of a
   ``start_conversation`` before the device listens (what it says recorded as said).
+  A repair issue says when a satellite's voice assistant listens for another API
+  client (the link saw a start it never got: ``ISSUE_VOICE_ASSISTANT_REFUSED``).
   ``async_stop`` leaves no task.
 """
 
@@ -51,7 +53,11 @@ from homeassistant.components.assist_pipeline.select import get_chosen_pipeline
 from homeassistant.const import CONF_HOST, CONF_PORT, MATCH_ALL
 from homeassistant.core import Context, HomeAssistant, callback
 from homeassistant.exceptions import HomeAssistantError
-from homeassistant.helpers import device_registry as dr, entity_registry as er
+from homeassistant.helpers import (
+    device_registry as dr,
+    entity_registry as er,
+    issue_registry as ir,
+)
 from homeassistant.helpers.device_registry import format_mac
 from homeassistant.helpers.dispatcher import async_dispatcher_send
 
@@ -97,6 +103,8 @@ TTS_OPTIONS: Final = {
     tts.ATTR_PREFERRED_SAMPLE_BYTES: 2,
 }
 VOICE_ASSISTANT_FLAG: Final = 1  # VoiceAssistantFeature.VOICE_ASSISTANT
+# Repair (not fixable here): the satellite's voice assistant serves another client.
+ISSUE_VOICE_ASSISTANT_REFUSED: Final = "voice_assistant_refused"
 
 type PipelineChoice = Callable[[], str | None]
 """Return the id of the pipeline to use now (None: the preferred one)."""
@@ -493,6 +501,7 @@ class DuplexSatellites:
             on_conversation=functools.partial(self._conversation, key),
             on_state=functools.partial(self._state, key),
             streams=async_stream_registry(self.hass),  # firmware before 2026.9
+            on_refused=functools.partial(self._refused, key),
         )
         if _skips_login(conf.get(CONF_ESPHOME_VERSION)):
             link.login = False  # never answered: no wait for the fallback
@@ -505,6 +514,8 @@ class DuplexSatellites:
         self.links.clear()
         self._waiting.clear()
         await asyncio.gather(*(link.aclose() for link in links))
+        for key in self.configs:
+            ir.async_delete_issue(self.hass, DOMAIN, self.refused_issue_id(key))
 
     @callback
     def set_prompt_scope(self, key: str, scope: str | None) -> None:
@@ -726,6 +737,30 @@ class DuplexSatellites:
             satellite=entity_id,
             device_id=satellite_device_id(self.hass, entity_id),
             owner=owner,
+        )
+
+    def refused_issue_id(self, key: str) -> str:
+        """Return the issue id of a satellite whose voice assistant serves another client."""
+        return f"{ISSUE_VOICE_ASSISTANT_REFUSED}_{self.entry_id}_{key}"
+
+    @callback
+    def _refused(self, key: str, refused: bool) -> None:
+        """Raise (or clear) the repair: the device listens for another API client."""
+        issue_id = self.refused_issue_id(key)
+        if not refused:
+            ir.async_delete_issue(self.hass, DOMAIN, issue_id)
+            return
+        ir.async_create_issue(
+            self.hass,
+            DOMAIN,
+            issue_id,
+            is_fixable=False,
+            is_persistent=False,
+            severity=ir.IssueSeverity.WARNING,
+            translation_key=ISSUE_VOICE_ASSISTANT_REFUSED,
+            translation_placeholders={
+                "satellite": str(self.configs[key].get("name") or key)
+            },
         )
 
     @callback

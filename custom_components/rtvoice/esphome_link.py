@@ -22,10 +22,29 @@ turns each device-initiated start (the wake word) into a ``DuplexConversation``:
 - a stop from the device or a lost connection ends the session (the child stays
   idle, so a reconnect and a wake word continue the conversation); the idle timeout
   or ``aclose`` closes the conversation (no task left, the child handed off).
+  Stock firmware says a wake word during an answer as such a stop and then a start
+  (a barge-in by restart): the answer is cut where it was heard, the new start
+  continues the same child, and what the user said before the new run listened is
+  lost (the firmware clears its buffers entering ``START_MICROPHONE``);
+- the project firmware (``firmware/packages``) offers API actions the link learns
+  at connect (``list_entities_services``) and sends Home Assistant events it
+  subscribes to (``subscribe_service_calls``): at its first run on a connection
+  the link turns ``rtvoice_duplex`` on, and from then on a wake word, "stop" or
+  the button during a run arrives as the event ``esphome.rtvoice_barge_in``
+  without ending the run: the mic keeps streaming, no word is lost, the answer is
+  cut and ``rtvoice_stop_speaker`` silences the speaker now (every cut answer
+  calls it: ``ApiAudioOutput.stop``);
+- the firmware announces each start it makes itself (``esphome.rtvoice_start``),
+  and ``request_start`` asks for one (``start_listening``): when no start request
+  follows within ``LinkConfig.start_timeout``, another API client owns the voice assistant
+  (the firmware refuses a second subscription with only a log line), which
+  ``on_refused(True)`` reports (``on_refused(False)`` once a start arrives);
+- ``send_timer_event`` passes HA's timer events on, as HA's esphome satellite does.
 
 Version notes: aioesphomeapi 29.x calls ``handle_audio(data)``, 45+ calls
 ``handle_audio(data, data2)`` and passes handlers by keyword only: the handlers
-accept ``*args``. ESPHome ≥ 2026.1 never answers the login request of
+accept ``*args``. ``execute_service`` returns None on 29.x and a coroutine on 46+
+(``_execute`` runs it as a task). ESPHome ≥ 2026.1 never answers the login request of
 ``connect(login=True)`` (29.x): the link falls back to ``login=False`` after
 ``login_timeout`` and remembers it for reconnects.
 """
@@ -37,6 +56,7 @@ from collections.abc import Callable, Coroutine
 import contextlib
 from dataclasses import dataclass, field
 import functools
+import inspect
 import logging
 from typing import Any, Protocol
 
@@ -44,6 +64,7 @@ from aioesphomeapi import (
     APIClient,
     APIConnectionError,
     DeviceInfo,
+    HomeassistantServiceCall,
     InvalidAuthAPIError,
     InvalidEncryptionKeyAPIError,
     MediaPlayerCommand,
@@ -52,7 +73,9 @@ from aioesphomeapi import (
     VoiceAssistantConfigurationResponse,
     VoiceAssistantEventType,
     VoiceAssistantFeature,
+    VoiceAssistantTimerEventType,
 )
+from aioesphomeapi.model import UserService
 
 from .duplex import DspWorker, SessionState, UtteranceSegmenter
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
@@ -70,6 +93,12 @@ MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (
 MAX_MIC_MESSAGE = 16000 * 2 // 4  # 250 ms
 ANNOUNCE_TIMEOUT = 15 * 60.0  # seconds an announcement may play (HA's esphome: same)
 CONFIG_TIMEOUT = 10.0  # seconds for the voice assistant configuration to come back
+# The project firmware's API actions and events (firmware/packages/voice.yaml).
+ACTION_DUPLEX = "rtvoice_duplex"  # enabled: a barge-in is reported, not a restart
+ACTION_STOP_SPEAKER = "rtvoice_stop_speaker"  # the speaker stops, drops its buffer
+ACTION_START_LISTENING = "start_listening"  # base.yaml: open the mic, no wake word
+EVENT_BARGE_IN = "esphome.rtvoice_barge_in"  # trigger: wake_word, stop or button
+EVENT_START = "esphome.rtvoice_start"  # the device requests a start right after
 
 # Errors no retry will fix: the user must change the configuration.
 FATAL_ERRORS = (
@@ -89,6 +118,7 @@ class LinkConfig:
     expected_name: str | None = None
     client_info: str = CLIENT_INFO
     login_timeout: float = 10.0  # then fall back to login=False (ESPHome >= 2026.1)
+    start_timeout: float = 3.0  # a start the device announced must reach us by then
     backoff_min: float = 1.0
     backoff_max: float = 60.0
 
@@ -155,7 +185,8 @@ class ApiAudioOutput:
         """Nothing to do: the device played everything."""
 
     def stop(self) -> None:
-        """Nothing to do: the device plays out its lead (no flush message)."""
+        """Silence the speaker (project firmware); else the device plays its lead out."""
+        self._link.stop_speaker()
 
     async def aclose(self) -> None:
         """Nothing held."""
@@ -240,6 +271,7 @@ class EsphomeLink:
         on_conversation: Callable[[DuplexConversation | None], None] | None = None,
         on_state: Callable[[SessionState], None] | None = None,
         streams: StreamOpener | None = None,
+        on_refused: Callable[[bool], None] | None = None,
     ) -> None:
         """Bind the device's address to the duplex binding (kernel, STT, TTS).
 
@@ -248,6 +280,8 @@ class EsphomeLink:
         follows its session's state (listening, speaking, paused ...).
         ``streams`` serves answer streams to firmware without raw API audio (its
         media player fetches them); without it such a device gets API audio.
+        ``on_refused(True)``: the device started listening for another API client
+        (it owns the voice assistant); ``on_refused(False)``: a start came again.
         """
         self.config = config
         self.binding = binding
@@ -276,6 +310,13 @@ class EsphomeLink:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._warned = False
         self._closed = False
+        self._on_refused = on_refused
+        self.services: dict[str, UserService] = {}  # the firmware's API actions
+        self._duplex_on = False  # rtvoice_duplex turned on, this connection
+        self._start_watch: asyncio.TimerHandle | None = None
+        self.voice_refused = False  # a start went to another API client
+        self.barge_in_events = 0  # esphome.rtvoice_barge_in events acted on
+        self._speaker_silent = True  # no answer audio sent since the last stop
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -403,6 +444,7 @@ class EsphomeLink:
                 handle_stop=self._handle_stop,
                 handle_audio=self._handle_audio,
             )
+            await self._follow_firmware(client)
         except BaseException:
             await self._disconnect()
             raise
@@ -411,6 +453,7 @@ class EsphomeLink:
 
     async def _disconnect(self) -> None:
         self._connected.clear()
+        self._forget_firmware()
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         client, self.client = self.client, None
         if unsubscribe is not None:
@@ -448,6 +491,7 @@ class EsphomeLink:
 
     async def _handle_start(self, *args: Any) -> int | None:
         """Device-initiated start (wake word): a new or continued conversation."""
+        self._start_arrived()
         conversation = self.conversation
         if conversation is not None and not conversation.ended:
             conversation.session.wake_word_detected()
@@ -687,6 +731,7 @@ class EsphomeLink:
             client.send_voice_assistant_audio(frame)
         except APIConnectionError:
             return
+        self._speaker_silent = False
 
     def _send_event(
         self, event: VoiceAssistantEventType, data: dict[str, str] | None
@@ -708,6 +753,158 @@ class EsphomeLink:
         if not task.cancelled() and (err := task.exception()) is not None:
             _LOGGER.error(
                 "Duplex conversation on %s failed: %s", self.name, type(err).__name__
+            )
+
+    # --- the project firmware: its actions and events ------------------------------
+
+    async def _follow_firmware(self, client: APIClient) -> None:
+        """Learn the firmware's API actions; follow the events it sends."""
+        _entities, services = await client.list_entities_services()
+        self.services = {service.name: service for service in services}
+        self._duplex_on = False
+        client.subscribe_service_calls(self._handle_device_event)
+
+    def _forget_firmware(self) -> None:
+        self.services = {}
+        self._duplex_on = False
+        self._speaker_silent = True  # a device that lost its client stops playing
+        if (watch := self._start_watch) is not None:
+            self._start_watch = None
+            watch.cancel()
+
+    def _handle_device_event(self, call: HomeassistantServiceCall) -> None:
+        """Act on a ``homeassistant.event`` of the device (actions are not ours)."""
+        if not call.is_event:
+            return
+        if call.service == EVENT_BARGE_IN:
+            self._device_barge_in(str(call.data.get("trigger", "")))
+        elif call.service == EVENT_START:
+            if self.voice_refused:
+                self._resubscribe()  # the other client may have gone meanwhile
+            self._expect_start()
+
+    def _device_barge_in(self, trigger: str) -> None:
+        """Wake word, "stop" or button during the run: cut the answer, keep listening."""
+        conversation = self.conversation
+        if conversation is None or conversation.ended:
+            return
+        self.barge_in_events += 1
+        _LOGGER.debug("%s: barge-in by %s", self.name, trigger or "the device")
+        # The device's queue is not in the player's model (ring, DMA, start
+        # latency): whatever was sent may still play, so stop it in any case.
+        self.stop_speaker()
+        conversation.session.wake_word_detected()
+
+    def stop_speaker(self) -> bool:
+        """Silence the device's speaker now (``rtvoice_stop_speaker``); False: none.
+
+        Once per stretch of answer audio: nothing sent since the last stop, nothing
+        to stop.
+        """
+        if self._speaker_silent:
+            return False
+        if not self._execute(ACTION_STOP_SPEAKER, {}):
+            return False
+        self._speaker_silent = True
+        return True
+
+    def request_start(self) -> bool:
+        """Ask the device to listen now (``start_listening``); False: not offered.
+
+        A start request that does not follow within ``start_timeout`` went to
+        another API client: ``on_refused(True)``.
+        """
+        if not self._execute(ACTION_START_LISTENING, {}):
+            return False
+        self._expect_start()
+        return True
+
+    def _resubscribe(self) -> None:
+        """Subscribe to the voice assistant again (the firmware takes a free one)."""
+        client = self.client
+        if client is None:
+            return
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        with contextlib.suppress(APIConnectionError):
+            if unsubscribe is not None:
+                unsubscribe()
+            self._unsubscribe = client.subscribe_voice_assistant(
+                handle_start=self._handle_start,
+                handle_stop=self._handle_stop,
+                handle_audio=self._handle_audio,
+            )
+
+    def _enable_duplex(self) -> None:
+        """Have the firmware report barge-ins instead of restarting (once per connection)."""
+        if not self._duplex_on:
+            self._duplex_on = self._execute(ACTION_DUPLEX, {"enabled": True})
+
+    def _execute(self, name: str, data: dict[str, Any]) -> bool:
+        """Run the firmware's API action ``name`` now; False when it has none."""
+        client, service = self.client, self.services.get(name)
+        if client is None or service is None:
+            return False
+        execute: Callable[..., Any] = client.execute_service
+        try:
+            # None on aioesphomeapi 29.x; a coroutine (it sends) on 46+.
+            sent = execute(service, data)
+        except APIConnectionError:
+            return False
+        if inspect.isawaitable(sent):
+            self._spawn(sent, f"action {name}")
+        return True
+
+    def _expect_start(self) -> None:
+        """Watch for the start on its way: it must come within ``start_timeout``."""
+        if self._start_watch is None and not self._closed:
+            self._start_watch = asyncio.get_running_loop().call_later(
+                self.config.start_timeout, self._start_missing
+            )
+
+    def _start_missing(self) -> None:
+        self._start_watch = None
+        if self.voice_refused:
+            return
+        self.voice_refused = True
+        _LOGGER.warning(
+            "ESPHome satellite %s started listening for another API client: it"
+            " serves one voice assistant client, and that is not Realtime Voice",
+            self.name,
+        )
+        if self._on_refused is not None:
+            self._on_refused(True)
+
+    def _start_arrived(self) -> None:
+        """Note a start request: this link owns the voice assistant."""
+        if (watch := self._start_watch) is not None:
+            self._start_watch = None
+            watch.cancel()
+        self._enable_duplex()
+        if self.voice_refused:
+            self.voice_refused = False
+            _LOGGER.info(
+                "ESPHome satellite %s listens for Realtime Voice again", self.name
+            )
+            if self._on_refused is not None:
+                self._on_refused(False)
+
+    def send_timer_event(
+        self,
+        *,
+        event_type: VoiceAssistantTimerEventType,
+        timer_id: str,
+        name: str | None,
+        total_seconds: int,
+        seconds_left: int,
+        is_active: bool,
+    ) -> None:
+        """Pass a timer event on (as HA's esphome ``handle_timer_event``); dropped offline."""
+        client = self.client
+        if client is None:
+            return
+        with contextlib.suppress(APIConnectionError):
+            client.send_voice_assistant_timer_event(
+                event_type, timer_id, name, total_seconds, seconds_left, is_active
             )
 
     # --- announcements and configuration (the satellite entity) --------------------

@@ -9,6 +9,7 @@ from aioesphomeapi import api_pb2
 from aioesphomeapi.core import MESSAGE_TYPE_TO_PROTO
 from google.protobuf.message import Message
 
+from . import proto
 from .framing import Framing, FramingError, NoiseFraming, PlaintextFraming
 from .record import Entry, Kind
 
@@ -47,6 +48,7 @@ class Connection:
         self._writer = writer
         self.framing: Framing | None = None
         self.states_subscribed = False
+        self.services_subscribed = False  # gets homeassistant.event (actions.py)
         self.closed = False
 
     def send(self, message: Message) -> None:
@@ -131,9 +133,9 @@ class Connection:
                         name=device.config.name,
                     )
                 )
-            case api_pb2.ConnectRequest():
+            case proto.ConnectRequest():
                 if device.config.answers_login:
-                    self.send(api_pb2.ConnectResponse(invalid_password=False))
+                    self.send(proto.ConnectResponse(invalid_password=False))
             case api_pb2.DisconnectRequest():
                 self.send(api_pb2.DisconnectResponse())
                 self.close()
@@ -144,13 +146,18 @@ class Connection:
             case api_pb2.DeviceInfoRequest():
                 self.send(device.device_info())
             case api_pb2.ListEntitiesRequest():
-                for listing in device.entity_listings():
+                for listing in [*device.entity_listings(), *device.actions.listings()]:
                     self.send(listing)
                 self.send(api_pb2.ListEntitiesDoneResponse())
             case api_pb2.SubscribeStatesRequest():
                 self.states_subscribed = True
                 for state in device.entity_states():
                     self.send(state)
+            case (
+                api_pb2.SubscribeHomeassistantServicesRequest()
+                | api_pb2.ExecuteServiceRequest()
+            ):
+                device.actions.on_message(self, message)
             case api_pb2.SwitchCommandRequest():
                 device.set_switch_by_key(message.key, message.state)
             case api_pb2.MediaPlayerCommandRequest():

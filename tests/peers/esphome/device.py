@@ -18,6 +18,8 @@ from aioesphomeapi import api_pb2
 import aiohttp
 from google.protobuf.message import Message
 
+from . import proto
+from .actions import DeviceActions
 from .config import DeviceConfig
 from .connection import (
     MEDIA_IDLE,
@@ -60,6 +62,8 @@ class EmulatedDevice:
         self._session: aiohttp.ClientSession | None = None
         self._events: Record | None = None
         self._voice: VoiceAssistant | None = None
+        self.actions = DeviceActions(self)
+        """User-defined API actions and HA events (``actions.ProjectFirmware`` adds some)."""
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -162,6 +166,11 @@ class EmulatedDevice:
         return self.config.encryption_key
 
     @property
+    def connections(self) -> list[Connection]:
+        """The open API connections."""
+        return list(self._connections.values())
+
+    @property
     def connection_count(self) -> int:
         """Open API connections."""
         return len(self._connections)
@@ -209,7 +218,8 @@ class EmulatedDevice:
         """``ListEntities*Response`` for the media player and the switches."""
         listings: list[Message] = []
         if self.config.uses_media_player:
-            player = api_pb2.ListEntitiesMediaPlayerResponse(
+            player = proto.build(
+                api_pb2.ListEntitiesMediaPlayerResponse,
                 object_id="media_player",
                 key=MEDIA_PLAYER_KEY,
                 name="Media Player",
@@ -229,7 +239,8 @@ class EmulatedDevice:
             listings.append(player)
         for index, name in enumerate(self.config.switches):
             listings.append(
-                api_pb2.ListEntitiesSwitchResponse(
+                proto.build(
+                    api_pb2.ListEntitiesSwitchResponse,
                     object_id=object_id(name),
                     key=SWITCH_KEY_BASE + index,
                     name=name,

@@ -428,6 +428,20 @@ class VoiceAssistant:
             playback.bytes += len(message.data)
             playback.data.extend(message.data)
 
+    def stop_speaker(self) -> None:
+        """``speaker.stop`` on the voice assistant's speaker (an action, ``actions.py``).
+
+        ``i2s_audio_speaker.cpp``: the speaker task ends and frees its ring buffer,
+        so raw API audio received so far is not heard past this moment; audio that
+        comes later starts the speaker again (a new ``Playback``).
+        """
+        playback = self._api_playback
+        if playback is None or playback.finished_at is not None or playback.stopped:
+            return
+        playback.stopped = True
+        playback.stopped_at = self._loop.time()
+        self._record.add(Kind.NOTE, what="speaker stopped", bytes=playback.bytes)
+
     def on_announce(self, message: api_pb2.VoiceAssistantAnnounceRequest) -> None:
         """Play an announcement; maybe listen afterwards (``start_conversation``)."""
         if not self._config.uses_media_player:
