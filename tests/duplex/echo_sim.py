@@ -225,8 +225,16 @@ async def run_answer(
     sentences: tuple[str, ...] = SENTENCES,
     stt_text: str = "words",
     echo_gate: bool = False,
+    engine: str = "aec3",
+    room: object | None = None,
+    echo: object | None = None,
 ) -> AnswerRun:
-    """Play one answer in a simulated room, optionally with the user talking over it."""
+    """Play one answer in a simulated room, optionally with the user talking over it.
+
+    ``room``: a room with ``mic_step`` (``tests.duplex.room.RealRoom``) instead of
+    this module's ``Room``; ``echo``: a canceller to use (kept across answers by a
+    benchmark) instead of a fresh one of ``engine``.
+    """
     import time  # noqa: PLC0415
 
     from custom_components.rtvoice.duplex import (  # noqa: PLC0415
@@ -249,18 +257,23 @@ async def run_answer(
         tts=AnswerTts(clips),
         send=device.send,
         clock=clock,
-        echo=EchoCanceller() if aec else None,
+        echo=echo
+        if echo is not None
+        else EchoCanceller(engine=engine)
+        if aec
+        else None,
         echo_gate=echo_gate,
         options=DuplexOptions(end_silence_ms=0),
     )
-    room = Room(
-        delay_ms=delay_ms,
-        seed=seed,
-        drift_ms=drift_ms,
-        drift_period_s=60,
-        gain_db=gain_db,
-    )
-    drive = Drive(session, device, room, clock)
+    if room is None:
+        room = Room(
+            delay_ms=delay_ms,
+            seed=seed,
+            drift_ms=drift_ms,
+            drift_period_s=60,
+            gain_db=gain_db,
+        )
+    drive = Drive(session, device, room, clock)  # type: ignore[arg-type]
     dsp = 0.0
     original_feed = session.feed_mic
 
