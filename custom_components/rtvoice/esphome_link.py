@@ -463,9 +463,11 @@ class EsphomeLink:
         if not args:
             return
         data: bytes = args[0]
+        # MULTI_CHANNEL_AUDIO: the second channel is the device's echo reference.
+        reference = args[1] if len(args) > 1 and args[1] else None
         conversation = self.conversation
         if conversation is not None:
-            conversation.session.feed_mic(data)
+            conversation.session.feed_mic(data, reference)
         elif self._opening is not None and not self._opening.done():
             if len(self._early_audio) + len(data) <= MAX_EARLY_AUDIO:
                 self._early_audio += data
