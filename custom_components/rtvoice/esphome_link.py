@@ -466,8 +466,10 @@ class EsphomeLink:
         # MULTI_CHANNEL_AUDIO: the second channel is the device's echo reference.
         reference = args[1] if len(args) > 1 and args[1] else None
         conversation = self.conversation
-        if conversation is not None:
+        if conversation is not None and reference is not None:
             conversation.session.feed_mic(data, reference)
+        elif conversation is not None:
+            conversation.session.feed_mic(data)
         elif self._opening is not None and not self._opening.done():
             if len(self._early_audio) + len(data) <= MAX_EARLY_AUDIO:
                 self._early_audio += data

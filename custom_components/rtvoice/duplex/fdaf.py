@@ -47,6 +47,8 @@ POWER_ALPHA = 0.35 / 30
 STEP_SCALE = 0.99
 CONSTRAIN_TURNS = 4
 COARSE_SCALE = 0.3
+OVER = 2.0
+ERLE_FLOOR = 0.01
 
 
 class FdafCanceller:
@@ -58,7 +60,7 @@ class FdafCanceller:
         filter_ms: int = 300,
         suppress: bool = True,
         min_gain_db: float = -40.0,
-        over_suppress: float = 2.0,
+        over_suppress: float = OVER,
         no_echo_db: float = -45.0,
     ) -> None:
         """Cover ``filter_ms`` of echo path; suppress residual echo down to ``min_gain_db``.
@@ -90,6 +92,9 @@ class FdafCanceller:
         self.residual_ratio = 1.0
         self._noise = np.full(_BINS, 1e-3)
         self._worse = 0  # recent frames the filter made louder than the mic
+        self._bin_ratio = np.ones(_BINS)
+        self._bin_block = np.ones(_BINS)
+        self._bin_mins: list[np.ndarray] = []
         self.drift = 0.0  # samples per second the echo path slides (estimate)
         self._snapshot: np.ndarray | None = None
         self._rotation = np.ones(_BINS, dtype=np.complex128)
@@ -182,7 +187,9 @@ class FdafCanceller:
             if worse:
                 out = ef = d
         if self._suppress and self.echo_found is not False:
-            out = self._suppress_residual(ef, yf)
+            out = self._suppress_residual(
+                ef, yf, d, far=sxx > BLOCK * 1e-7, worse=self._worse > 0
+            )
         self._last_e = ef
         if not self.echo_found and self.coherence <= 0.3:
             return mic.copy()  # no echo here (yet): the mic as it came
@@ -243,7 +250,6 @@ class FdafCanceller:
         self._xpow += a * (xx - self._xpow)
         mic_power = mic_spectrum.real**2 + mic_spectrum.imag**2
         self._mic_power += a * (mic_power - self._mic_power)
-        self._track_noise(mic_power)
         cross = self._cross.real**2 + self._cross.imag**2
         self._gain = cross / (self._xpow**2 + 1e-12)  # |H|^2 per partition and bin
         self._coarse = (self._gain * xx).sum(axis=0) * COARSE_SCALE
@@ -267,7 +273,10 @@ class FdafCanceller:
         self.residual_ratio = min([self._ratio_block, *self._ratio_mins])
 
     def _track_noise(self, power: np.ndarray) -> None:
-        """Track the mic's noise floor per bin: down with quiet frames, creeping up."""
+        """Track the mic's noise floor per bin: down with quiet frames, creeping up.
+
+        Only while the far end is silent: the echo is no floor to keep.
+        """
         # The [0, e] spectra the suppressor compares against hold half the power.
         half = 0.5 * power
         self._noise = np.where(
@@ -279,7 +288,7 @@ class FdafCanceller:
         """True while the far end has an echo here the filter does not cancel yet."""
         if self.echo_found is None:  # undecided: learning only if it hears echo
             return self.coherence > 0.3
-        return self.echo_found and (self.residual_ratio > 0.1 or self._worse > 0)
+        return self.echo_found and self.residual_ratio > 0.1
 
     def _constrain(self) -> None:
         """Keep a quarter of the partitions causal and one block long, in turn.
@@ -369,7 +378,15 @@ class FdafCanceller:
         residual = 0.7 * residual + 0.3 * rer * ee
         return residual / (ee + 1e-9)
 
-    def _suppress_residual(self, ef: np.ndarray, yf: np.ndarray) -> np.ndarray:
+    def _suppress_residual(
+        self,
+        ef: np.ndarray,
+        yf: np.ndarray,
+        d: np.ndarray,
+        *,
+        far: bool,
+        worse: bool,
+    ) -> np.ndarray:
         """Attenuate each bin by its residual echo, instantly (onsets pass at once)."""
         frame = np.concatenate([self._last_e, ef])
         spectrum = np.fft.rfft(frame)
@@ -377,7 +394,24 @@ class FdafCanceller:
         echo = np.abs(np.fft.rfft(np.concatenate([zeros, yf]))) ** 2
         error = np.abs(np.fft.rfft(np.concatenate([zeros, ef]))) ** 2
         # Residual echo: what leaks of the echo estimate, decaying as a tail does.
+        mic = np.abs(np.fft.rfft(np.concatenate([zeros, d]))) ** 2
+        if far:
+            # What the filter leaves of the mic, per bin: the minimum of its
+            # smoothed ratio over 2 s (the user only ever raises it).
+            ratio = np.minimum(1.0, error / (mic + 1e-12))
+            self._bin_ratio += 0.3 * (ratio - self._bin_ratio)
+            self._bin_block = np.minimum(self._bin_block, self._bin_ratio)
+            if self.frames % 50 == 0:
+                self._bin_mins = [*self._bin_mins[-3:], self._bin_block]
+                self._bin_block = np.ones(_BINS)
+        left = np.minimum.reduce([self._bin_block, *self._bin_mins])
         estimate = np.maximum(self.leak * echo, self.residual_ratio * self._coarse)
+        estimate = np.maximum(estimate, left * np.minimum(mic, self._coarse + echo))
+        # A speaker that distorts and a path that slides: the linear filter never
+        # removes more than ~ERLE_FLOOR of the echo it models, whatever it says.
+        estimate = np.maximum(estimate, ERLE_FLOOR * echo)
+        if worse:  # the path just moved: what the mic holds of the echo is all left
+            estimate = np.maximum(estimate, np.minimum(error, echo))
         self._residual = np.maximum(estimate, 0.6 * self._residual)
         gain = 1.0 - self._over * self._residual / (error + 1e-12)
         # Never below the room's own noise: the onset gate's floor stays the room's.
