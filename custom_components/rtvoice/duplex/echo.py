@@ -214,7 +214,7 @@ class EchoCanceller:
             mic = np.frombuffer(frame, dtype="<i2").astype(np.float64)
             far = np.frombuffer(reference, dtype="<i2").astype(np.float64)
             out = self.fdaf.process(mic, far)
-            return np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes()
+            return bytes(np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes())
         if placed is None:
             self._silent_frames += 1
         else:

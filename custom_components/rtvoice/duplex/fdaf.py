@@ -70,18 +70,26 @@ class FdafCanceller:
         """
         self.partitions = max(1, filter_ms // 10)
         p = self.partitions
-        self._x = np.zeros((2 * p, _BINS), dtype=np.complex128)  # spectra, doubled
+        self._x: np.ndarray = np.zeros(
+            (2 * p, _BINS), dtype=np.complex128
+        )  # spectra, doubled
         self._head = 0
-        self._w = np.zeros((p, _BINS), dtype=np.complex128)  # background (learning)
-        self._wf = np.zeros((p, _BINS), dtype=np.complex128)  # foreground (cancelling)
-        self._last_x = np.zeros(BLOCK)
-        self._last_e = np.zeros(BLOCK)
-        self._last_d = np.zeros(BLOCK)
-        self._cross = np.zeros((p, _BINS), dtype=np.complex128)  # mic x reference
-        self._mic_power = np.zeros(_BINS)
-        self._xpow = np.zeros((p, _BINS))
-        self._coarse = np.zeros(_BINS)  # echo power now, from coherence
-        self._gain = np.zeros((p, _BINS))
+        self._w: np.ndarray = np.zeros(
+            (p, _BINS), dtype=np.complex128
+        )  # background (learning)
+        self._wf: np.ndarray = np.zeros(
+            (p, _BINS), dtype=np.complex128
+        )  # foreground (cancelling)
+        self._last_x: np.ndarray = np.zeros(BLOCK)
+        self._last_e: np.ndarray = np.zeros(BLOCK)
+        self._last_d: np.ndarray = np.zeros(BLOCK)
+        self._cross: np.ndarray = np.zeros(
+            (p, _BINS), dtype=np.complex128
+        )  # mic x reference
+        self._mic_power: np.ndarray = np.zeros(_BINS)
+        self._xpow: np.ndarray = np.zeros((p, _BINS))
+        self._coarse: np.ndarray = np.zeros(_BINS)  # echo power now, from coherence
+        self._gain: np.ndarray = np.zeros((p, _BINS))
         self._far_frames = 0
         self._decide_frames = 300
         self.coherence = 0.0
@@ -90,16 +98,16 @@ class FdafCanceller:
         self._ratio_block = 1.0
         self._ratio_mins: list[float] = []
         self.residual_ratio = 1.0
-        self._noise = np.full(_BINS, 1e-3)
+        self._noise: np.ndarray = np.full(_BINS, 1e-3)
         self._worse = 0  # recent frames the filter made louder than the mic
-        self._bin_ratio = np.ones(_BINS)
-        self._bin_block = np.ones(_BINS)
+        self._bin_ratio: np.ndarray = np.ones(_BINS)
+        self._bin_block: np.ndarray = np.ones(_BINS)
         self._bin_mins: list[np.ndarray] = []
         self.drift = 0.0  # samples per second the echo path slides (estimate)
         self._snapshot: np.ndarray | None = None
-        self._rotation = np.ones(_BINS, dtype=np.complex128)
+        self._rotation: np.ndarray = np.ones(_BINS, dtype=np.complex128)
         self._drift_turn = False
-        self._power = np.full(_BINS, 1.0)  # smoothed far-end power per bin
+        self._power: np.ndarray = np.full(_BINS, 1.0)  # smoothed far-end power per bin
         self._suppress = suppress
         self._min_gain = 10 ** (min_gain_db / 20)
         self._over = over_suppress
@@ -120,11 +128,11 @@ class FdafCanceller:
         # None until decided: True once the mic holds a coherent echo of the far
         # end, False after ``_decide_frames`` of far end without one (pass through).
         self.echo_found: bool | None = None
-        self._residual = np.zeros(_BINS)  # smoothed residual echo per bin
-        self._window = np.hanning(2 * _GAIN_TAPS + 1)
+        self._residual: np.ndarray = np.zeros(_BINS)  # smoothed residual echo per bin
+        self._window: np.ndarray = np.hanning(2 * _GAIN_TAPS + 1)
         self.frames = 0
         self._turn = 0  # the quarter of the partitions constrained next
-        self._weights = np.full(self.partitions, 0.99 / self.partitions)
+        self._weights: np.ndarray = np.full(self.partitions, 0.99 / self.partitions)
 
     @property
     def echo_return_db(self) -> float | None:
@@ -323,7 +331,7 @@ class FdafCanceller:
         coherence /= float(np.dot(self._mic_power, self._power)) + 1e-12
         coherence += 0.1 * coherence.max() + 1e-12
         mix = 0.5 * energy / energy.sum() + 0.5 * coherence / coherence.sum()
-        return STEP_SCALE * mix
+        return np.asarray(STEP_SCALE * mix, dtype=np.float64)
 
     def _two_paths(self, see: float, sff: float, sxx: float) -> None:
         """Copy the background filter when it cancels better; reset it when diverged."""
@@ -376,7 +384,7 @@ class FdafCanceller:
         rer = min(0.5, max(rer, sey * sey / (1e-12 + see * syy)))
         residual = np.minimum(self.leak * yy, ee)
         residual = 0.7 * residual + 0.3 * rer * ee
-        return residual / (ee + 1e-9)
+        return np.asarray(residual / (ee + 1e-9), dtype=np.float64)
 
     def _suppress_residual(
         self,
