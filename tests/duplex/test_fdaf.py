@@ -2,7 +2,7 @@
 
 Convergence, double talk (no divergence, the user preserved), clock drift, the
 user's onset let through at once, no harm where no echo reaches the mic, and the
-device's own reference channel used as the far end.
+device's own reference channel used as the far end (by the session too).
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from custom_components.rtvoice.duplex import DuplexSession, VirtualClock
 from custom_components.rtvoice.duplex.audio import FRAME_BYTES
 from custom_components.rtvoice.duplex.echo import EchoCanceller
 from custom_components.rtvoice.duplex.fdaf import FdafCanceller
 from custom_components.rtvoice.duplex.gate import GateEvent, OnsetGate
 from tests.duplex.echo_sim import SENTENCES
+from tests.duplex.fakes import FakeChild, FakeStt, FakeTransport, FakeTts
 from tests.duplex.room import STEP, RealRoom, RoomSpec
 
 ROOM = RoomSpec(
@@ -158,3 +160,43 @@ def test_the_devices_own_reference_is_the_far_end(answer) -> None:
     last = slice(len(raw) - 400, len(raw))
     assert db(np.concatenate(raw[last])) - db(np.concatenate(clean[last])) > 25
     assert aec.echo_found is True
+
+
+class _RecordingEcho(EchoCanceller):
+    """Our canceller, noting the device reference each mic frame came with."""
+
+    def __init__(self) -> None:
+        """Make our canceller; ``references`` fills in mic order."""
+        super().__init__()
+        self.references: list[bytes | None] = []
+
+    def process(self, frame: bytes, reference: bytes | None = None) -> bytes:
+        """Clean ``frame``; note the reference it came with."""
+        self.references.append(reference)
+        return super().process(frame, reference)
+
+
+async def test_session_hands_the_devices_reference_to_the_canceller() -> None:
+    """feed_mic(mic, reference): each 10 ms mic frame is cleaned with its own 10 ms.
+
+    ESPHome's 32 ms chunks do not divide into 10 ms frames: the reference is cut in
+    step with the mic; chunks without one use the placed time line (None).
+    """
+    echo = _RecordingEcho()
+    session = DuplexSession(
+        FakeChild(),
+        stt=FakeStt(""),
+        tts=FakeTts(),
+        send=FakeTransport().send,
+        clock=VirtualClock(),
+        echo=echo,
+    )
+    reference = np.arange(16 * 64, dtype="<i2").tobytes()  # 64 ms, every sample known
+    mic = bytes(len(reference))
+    session.feed_mic(mic[:1024], reference[:1024])
+    session.feed_mic(mic[1024:], reference[1024:])
+    session.feed_mic(bytes(1024))  # no second channel in this chunk
+    frames = echo.references
+    assert b"".join(f for f in frames[:6] if f is not None) == reference[: 6 * 320]
+    assert frames[6:] == [None] * (len(frames) - 6)
+    await session.aclose()
