@@ -153,7 +153,7 @@ DEFAULT_ESPHOME_PORT: Final = 6053
 CONF_BARGE_IN: Final = "barge_in"  # "vad" | "wake_word" | "off" (duplex.BargeIn)
 DEFAULT_BARGE_IN: Final = "wake_word"  # safe on boards without echo cancellation
 CONF_ECHO_CANCELLATION: Final = "echo_cancellation"  # server-side AEC3 (livekit)
-DEFAULT_ECHO_CANCELLATION: Final = False
+DEFAULT_ECHO_CANCELLATION: Final = True
 CONF_END_SILENCE: Final = "end_silence"  # seconds of silence after an answer
 DEFAULT_END_SILENCE: Final = 8
 # Wyoming satellites owned by an entry (options), one dict each: host, port, name,

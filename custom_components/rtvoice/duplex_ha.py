@@ -236,21 +236,32 @@ def satellite_options(conf: Mapping[str, Any]) -> DuplexOptions:
 def satellite_echo(
     name: str, conf: Mapping[str, Any]
 ) -> Callable[[], EchoCanceller | None] | None:
-    """Return the echo canceller factory when asked for and able to run.
+    """Return the echo canceller factory of a satellite, when it is asked for.
 
-    Asked for but unavailable here (no ``livekit`` wheel): one warning saying why
-    (each time the entry loads), and the satellite runs without it.
+    The numpy canceller runs on every install, so nothing is refused for a missing
+    wheel. Each conversation's canceller goes on from the echo path the last one
+    learned (the device has not moved): only the first answer a satellite ever
+    plays waits for it to learn. On a board that cancels its own echo it finds none
+    and passes the mic through.
     """
     if not conf.get(CONF_ECHO_CANCELLATION, DEFAULT_ECHO_CANCELLATION):
         return None
-    if (reason := echo_unavailable_reason()) is not None:
+    if (reason := echo_unavailable_reason()) is not None:  # pragma: no cover
         _LOGGER.warning(
             "Echo cancellation is turned on for %s but cannot run here: %s",
             name,
             reason,
         )
         return None
-    return EchoCanceller
+    last: list[EchoCanceller] = []
+
+    def factory() -> EchoCanceller:
+        learned = last[0].fdaf if last else None
+        echo = EchoCanceller(learned=learned)
+        last[:] = [echo]
+        return echo
+
+    return factory
 
 
 def satellite_binding(

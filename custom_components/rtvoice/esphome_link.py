@@ -522,8 +522,13 @@ class EsphomeLink:
         data = self._mic_message(args[0])
         if not data:
             return
+        # MULTI_CHANNEL_AUDIO: the second channel is the device's echo reference
+        # (cut as the mic message was).
+        reference = args[1][: len(data)] if len(args) > 1 and args[1] else None
         conversation = self.conversation
-        if conversation is not None:
+        if conversation is not None and reference is not None:
+            conversation.session.feed_mic(data, reference)
+        elif conversation is not None:
             conversation.session.feed_mic(data)
         elif self._opening is not None and not self._opening.done():
             if len(self._early_audio) + len(data) <= MAX_EARLY_AUDIO:

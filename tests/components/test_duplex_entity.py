@@ -347,7 +347,7 @@ async def test_settings_decide_barge_in_and_end_silence(
         options = rig.link.binding.options
         assert options.barge_in is barge_in
         assert options.end_silence_ms == 2000
-        assert rig.link.binding.echo is None  # not asked for
+        assert rig.link.binding.echo is not None  # on by default
 
         openai_peer.enqueue(Text(STORY))
         openai_peer.enqueue(Text("Okay, the lights."))
@@ -377,11 +377,18 @@ async def test_echo_cancellation_when_asked_and_why_not(
     openai_peer: OpenAIPeer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Asked for: the satellite's binding makes an AEC3 canceller; unavailable: one warning."""
+    """Asked for: a numpy canceller per conversation, each going on from the last.
+
+    Unavailable (not the case for the numpy engine; patched): one warning.
+    """
     settings = {CONF_ECHO_CANCELLATION: True}
     async with satellite_device() as device:
         conf = stored(device, **settings)
-        assert duplex_ha.satellite_echo("kitchen", conf) is EchoCanceller
+        factory = duplex_ha.satellite_echo("kitchen", conf)
+        assert factory is not None
+        first, second = factory(), factory()
+        assert isinstance(first, EchoCanceller) and first.engine == "numpy"
+        assert second.fdaf is first.fdaf  # the learned echo path carries over
         with (
             caplog.at_level(logging.WARNING),
             patch.object(

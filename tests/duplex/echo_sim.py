@@ -156,6 +156,8 @@ class Drive:
     lead_bytes: int = 100 * 32
     mic: bytearray = field(default_factory=bytearray)
     steps: int = 0
+    device_reference: bool = False  # send what played as a second channel
+    played: bytearray = field(default_factory=bytearray)
 
     async def step(self, user: np.ndarray | None = None) -> None:
         """Advance 10 ms: the device plays, the mic hears, the session gets whole chunks."""
@@ -165,11 +167,18 @@ class Drive:
         await settle(self.session.player, self.lead_bytes)
         played = self.device.play_step()
         self.mic += self.room.mic_step(played, user)
+        self.played += played.astype("<i2").tobytes()
         self.steps += 1
         chunk = self.chunk_ms * 32
         while len(self.mic) >= chunk:
-            self.session.feed_mic(bytes(self.mic[:chunk]))
+            if self.device_reference:  # MULTI_CHANNEL_AUDIO: mic and reference
+                self.session.feed_mic(
+                    bytes(self.mic[:chunk]), bytes(self.played[:chunk])
+                )
+            else:
+                self.session.feed_mic(bytes(self.mic[:chunk]))
             del self.mic[:chunk]
+            del self.played[:chunk]
 
 
 SENTENCES = (
@@ -225,8 +234,18 @@ async def run_answer(
     sentences: tuple[str, ...] = SENTENCES,
     stt_text: str = "words",
     echo_gate: bool = False,
+    engine: str = "aec3",
+    room: object | None = None,
+    echo: object | None = None,
+    device_reference: bool = False,
 ) -> AnswerRun:
-    """Play one answer in a simulated room, optionally with the user talking over it."""
+    """Play one answer in a simulated room, optionally with the user talking over it.
+
+    ``room``: a room with ``mic_step`` (``tests.duplex.room.RealRoom``) instead of
+    this module's ``Room``; ``echo``: a canceller to use (kept across answers by a
+    benchmark) instead of a fresh one of ``engine``; ``device_reference``: the
+    device sends what it played as a second channel (``MULTI_CHANNEL_AUDIO``).
+    """
     import time  # noqa: PLC0415
 
     from custom_components.rtvoice.duplex import (  # noqa: PLC0415
@@ -249,25 +268,30 @@ async def run_answer(
         tts=AnswerTts(clips),
         send=device.send,
         clock=clock,
-        echo=EchoCanceller() if aec else None,
+        echo=echo
+        if echo is not None
+        else EchoCanceller(engine=engine)
+        if aec
+        else None,
         echo_gate=echo_gate,
         options=DuplexOptions(end_silence_ms=0),
     )
-    room = Room(
-        delay_ms=delay_ms,
-        seed=seed,
-        drift_ms=drift_ms,
-        drift_period_s=60,
-        gain_db=gain_db,
-    )
-    drive = Drive(session, device, room, clock)
+    if room is None:
+        room = Room(
+            delay_ms=delay_ms,
+            seed=seed,
+            drift_ms=drift_ms,
+            drift_period_s=60,
+            gain_db=gain_db,
+        )
+    drive = Drive(session, device, room, clock, device_reference=device_reference)  # type: ignore[arg-type]
     dsp = 0.0
     original_feed = session.feed_mic
 
-    def timed_feed(pcm: bytes) -> None:
+    def timed_feed(pcm: bytes, reference: bytes | None = None) -> None:
         nonlocal dsp
         started = time.perf_counter()
-        original_feed(pcm)
+        original_feed(pcm, reference)
         dsp += time.perf_counter() - started
 
     session.feed_mic = timed_feed  # type: ignore[method-assign]

@@ -1,4 +1,4 @@
-"""Server-side echo cancellation (livekit's WebRTC AEC3) in a simulated room.
+"""Server-side echo cancellation with livekit's WebRTC AEC3 in a simulated room.
 
 The room (tests/duplex/echo_sim.py) feeds the device's own output back into its mic
 with a delay of 50–400 ms that drifts slowly, attenuation and a diffuse tail; the
@@ -29,15 +29,16 @@ def clips(clip):
 
 
 def test_available_here() -> None:
-    """Livekit is installed in the test venv: no reason to refuse."""
+    """Livekit is installed in the test venv: no reason to refuse either engine."""
     assert unavailable_reason() is None
+    assert unavailable_reason("aec3") is None
 
 
 def test_echo_of_what_was_sent_is_removed(clip) -> None:
     """Open loop: the reference placed on the mic's time line; the echo drops by > 25 dB."""
     speech = clip(" ".join(SENTENCES), lead_ms=0, tail_ms=0)
     room = Room(delay_ms=150, seed=3, drift_ms=0)
-    aec = EchoCanceller()
+    aec = EchoCanceller(engine="aec3")
     raw_levels, clean_levels = [], []
     for index, step in enumerate(pcm_steps(speech)):
         aec.far_end(step.astype("<i2").tobytes(), at_sample=index * 160)
@@ -62,7 +63,7 @@ def test_a_stretch_after_silence_starts_a_fresh_canceller(clip) -> None:
     speech = clip(" ".join(SENTENCES), lead_ms=0, tail_ms=0)
     steps = pcm_steps(speech)
     room = Room(delay_ms=150, seed=3, drift_ms=0)
-    aec = EchoCanceller()
+    aec = EchoCanceller(engine="aec3")
     silence = np.zeros(160)
     plays = [*steps, *[silence] * 150, *([silence] * 2 + steps)]  # 2 steps late
     placed = dict(enumerate(steps))
@@ -92,7 +93,7 @@ def test_mic_timeline_takes_the_least_delayed_chunk() -> None:
 
 def test_reference_is_placed_by_sample() -> None:
     """far_end writes the reference at its sample; the past is dropped."""
-    aec = EchoCanceller()
+    aec = EchoCanceller(engine="aec3")
     aec.far_end(b"\x01\x00" * 100, at_sample=250)
     frames = aec._frames  # noqa: SLF001 - the time line itself
     assert sorted(frames) == [1, 2]
@@ -111,7 +112,7 @@ def test_a_following_frame_continues_the_reference_and_none_overlaps() -> None:
     The device plays its frames one after another: a mic time line that moved by a
     sample between two frames must not slip the reference (AEC3 would re-learn).
     """
-    aec = EchoCanceller()
+    aec = EchoCanceller(engine="aec3")
     aec.far_end(b"\x01\x00" * 160, at_sample=100)
     aec.far_end(b"\x02\x00" * 160)  # back to back: samples 260..419
     aec.far_end(b"\x03\x00" * 10, at_sample=415)  # early by 5 samples: after 420

@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 import contextlib
 from dataclasses import dataclass, field
+from functools import partial
 from importlib.metadata import version
 import json
 import logging
@@ -555,13 +556,14 @@ async def test_echo_never_interrupts_in_wake_word_mode(clip) -> None:
 
 
 @pytest.mark.skipif(
-    echo_unavailable_reason() is not None, reason=str(echo_unavailable_reason())
+    echo_unavailable_reason("aec3") is not None,
+    reason=str(echo_unavailable_reason("aec3")),
 )
 async def test_echo_cancelled_on_the_server_does_not_interrupt_in_vad_mode(
     clip,
 ) -> None:
     """Vad mode over echo, with the server's AEC3: the answer is not cut by itself."""
-    async with rig(echo=EchoCanceller, echo_gain=0.6) as r:
+    async with rig(echo=partial(EchoCanceller, engine="aec3"), echo_gain=0.6) as r:
         r.peer.enqueue(Text(LONG))
         conversation = await r.wake_and_say(clip(ASK))
         await r.states.wait_for(SessionState.SPEAKING)
@@ -577,12 +579,12 @@ class RecordingEcho(EchoCanceller):
 
     def __init__(self) -> None:
         """Make a real AEC3; ``references`` fills on the DSP worker, in mic order."""
-        super().__init__()
+        super().__init__(engine="aec3")
         self.references: list[bytes] = []
 
-    def process(self, frame: bytes) -> bytes:
+    def process(self, frame: bytes, reference: bytes | None = None) -> bytes:
         """Clean ``frame``; note the reference that went with it."""
-        cleaned = super().process(frame)
+        cleaned = super().process(frame, reference)
         self.references.append(self.last_reference)
         return cleaned
 
@@ -594,7 +596,8 @@ def sounding(pcm: bytes) -> np.ndarray:
 
 
 @pytest.mark.skipif(
-    echo_unavailable_reason() is not None, reason=str(echo_unavailable_reason())
+    echo_unavailable_reason("aec3") is not None,
+    reason=str(echo_unavailable_reason("aec3")),
 )
 async def test_echo_reference_is_the_answer_as_the_device_plays_it(clip) -> None:
     """The far-end reference is the sent audio back to back: no sample lost or doubled.

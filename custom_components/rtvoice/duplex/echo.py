@@ -1,11 +1,23 @@
-"""Server-side echo cancellation: WebRTC AEC3 through the ``livekit`` package (optional).
+"""Server-side echo cancellation: our numpy canceller, or WebRTC AEC3 (``livekit``).
 
 The integration knows exactly what it sent to the speaker, so it can remove the echo
 of it from the mic itself (DESIGN §5.5). ``far_end`` places what the player sent on
 the mic's time line (when the device will play it); each 10 ms mic frame through
-``process`` first feeds the reference of the same 10 ms (silence when nothing plays)
-to ``process_reverse_stream``, then cleans the mic frame with ``process_stream``.
-AEC3 finds the acoustic delay itself; what it cannot follow is a delay that jumps:
+``process`` is cleaned against the reference of the same 10 ms (silence when nothing
+plays). A device that sends its own echo reference (the second channel of
+``MULTI_CHANNEL_AUDIO``: what its speaker played, sample-aligned with the mic) hands
+it to ``process`` with the frame, and the time line is not used.
+
+Two engines (``ENGINE_NUMPY``, the default, and ``ENGINE_AEC3``):
+
+- ``numpy``: ``fdaf.FdafCanceller``, a partitioned-block frequency-domain adaptive
+  filter with a residual echo suppressor that lets the user's onset through. It
+  needs only numpy, so it runs on every Home Assistant install (musl included), and
+  passes the mic through untouched when it finds no echo (a board that cancels its
+  own).
+- ``aec3``: WebRTC AEC3 through the optional ``livekit`` wheel (glibc only): the
+  reference goes to ``process_reverse_stream``, the mic to ``process_stream``.
+  AEC3 finds the acoustic delay itself; what it cannot follow is a delay that jumps:
 once converged, a shift of even a few milliseconds leaks the echo at -30 dBFS for
 a second or more (measured on the ESPHome bench, row 16). So frames the device
 plays back to back continue the reference sample for sample (``far_end`` without a
@@ -16,7 +28,8 @@ silence, when no echo of the last one is left to cancel, gets a fresh AEC3: it
 converges on the first echo as on the first answer, instead of leaking while the
 learnt filter slides to a new delay.
 
-``livekit`` is optional: ``unavailable_reason()`` says why it cannot be used here.
+``livekit`` is optional: ``unavailable_reason(ENGINE_AEC3)`` says why it cannot be
+used here; the numpy engine is always available.
 """
 
 from __future__ import annotations
@@ -25,8 +38,14 @@ import functools
 import threading
 from typing import Any
 
-from .audio import FRAME_BYTES, SAMPLE_RATE
+import numpy as np
 
+from .audio import FRAME_BYTES, SAMPLE_RATE
+from .fdaf import FdafCanceller
+
+ENGINE_NUMPY = "numpy"
+ENGINE_AEC3 = "aec3"
+ENGINES = (ENGINE_NUMPY, ENGINE_AEC3)
 FRAME_SAMPLES = FRAME_BYTES // 2
 
 MAX_REFERENCE_MS = 2000
@@ -36,9 +55,17 @@ MAX_REFERENCE_MS = 2000
 RESTART_AFTER_MS = 1000
 
 
+def unavailable_reason(engine: str = ENGINE_NUMPY) -> str | None:
+    """Return None when the echo canceller ``engine`` can run here, else why not."""
+    if engine == ENGINE_NUMPY:
+        return None  # numpy is in every Home Assistant install
+    if engine != ENGINE_AEC3:
+        return f"unknown echo canceller {engine!r}"
+    return _aec3_unavailable_reason()
+
+
 @functools.cache
-def unavailable_reason() -> str | None:
-    """Return None when the echo canceller can run here, else why not."""
+def _aec3_unavailable_reason() -> str | None:
     try:
         from livekit import rtc  # noqa: PLC0415 - optional, heavy native wheel
     except ImportError as err:
@@ -51,7 +78,7 @@ def unavailable_reason() -> str | None:
 
 
 class EchoCanceller:
-    """One AEC3 instance for one stream. Blocking calls, ~0.1 ms per 10 ms frame.
+    """One echo canceller for one stream. Blocking calls, ~0.1-0.3 ms per 10 ms frame.
 
     ``far_end`` (the loop) and ``process`` (the stream's DSP worker) may run on two
     threads: the reference time line is guarded by a lock.
@@ -65,15 +92,35 @@ class EchoCanceller:
     reference either (the device plays one thing at a time).
     """
 
-    def __init__(self, *, noise_suppression: bool = False) -> None:
-        """Create the APM; raise RuntimeError with the reason when it is unavailable."""
-        if (reason := unavailable_reason()) is not None:
-            raise RuntimeError(reason)
-        from livekit import rtc  # noqa: PLC0415
+    def __init__(
+        self,
+        *,
+        engine: str = ENGINE_NUMPY,
+        noise_suppression: bool = False,
+        filter_ms: int = 300,
+        learned: FdafCanceller | None = None,
+    ) -> None:
+        """Create the engine; raise RuntimeError with the reason when it is unavailable.
 
-        self._rtc: Any = rtc
-        self._noise_suppression = noise_suppression
-        self._apm = self._new_apm()
+        ``filter_ms`` (numpy): the echo path it models, the device's output latency
+        beyond the reference's placement plus the room's reverberation.
+        ``learned`` (numpy): the canceller of the device's last stream, to go on
+        from the echo path it learned (the room has not moved) instead of from none.
+        """
+        if (reason := unavailable_reason(engine)) is not None:
+            raise RuntimeError(reason)
+        self.engine = engine
+        self._rtc: Any = None
+        self._apm: Any = None
+        self.fdaf: FdafCanceller | None = None
+        if engine == ENGINE_AEC3:
+            from livekit import rtc  # noqa: PLC0415
+
+            self._rtc = rtc
+            self._noise_suppression = noise_suppression
+            self._apm = self._new_apm()
+        else:
+            self.fdaf = learned or FdafCanceller(filter_ms=filter_ms)
         self.restarts = 0  # fresh AEC3s for new stretches (diagnostics)
         self._silent_frames = 0  # mic frames since the last reference frame
         self._referenced = False  # the APM has had a reference frame
@@ -132,15 +179,42 @@ class EchoCanceller:
             self._frames.clear()
             self._reference_end = self.mic_samples
 
-    def process(self, frame: bytes) -> bytes:
-        """Return the next 10 ms mic frame with the echo of the reference removed."""
+    @property
+    def echo_found(self) -> bool | None:
+        """Whether an echo path was found (numpy engine; None: AEC3 does not say)."""
+        return self.fdaf.echo_found if self.fdaf is not None else None
+
+    @property
+    def learning(self) -> bool:
+        """True while an echo reaches the mic that the canceller cannot remove yet.
+
+        The first second or two of far end a fresh numpy canceller hears (until
+        its filter holds the echo path); AEC3 does not say (False).
+        """
+        return self.fdaf.learning if self.fdaf is not None else False
+
+    def process(self, frame: bytes, reference: bytes | None = None) -> bytes:
+        """Return the next 10 ms mic frame with the echo of the reference removed.
+
+        ``reference``: the device's own echo reference for this frame (what its
+        speaker played, sample-aligned); None takes it from the time line.
+        """
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"frames must be {FRAME_BYTES} bytes, got {len(frame)}")
         with self._lock:
             placed = self._frames.pop(self._mic_frame, None)
             self._mic_frame += 1
+        if reference is not None:
+            if len(reference) != FRAME_BYTES:
+                raise ValueError(f"references must be {FRAME_BYTES} bytes")
+            placed = bytearray(reference)
         reference = self._silence if placed is None else bytes(placed)
         self.last_reference = reference
+        if self.fdaf is not None:
+            mic = np.frombuffer(frame, dtype="<i2").astype(np.float64)
+            far = np.frombuffer(reference, dtype="<i2").astype(np.float64)
+            out = self.fdaf.process(mic, far)
+            return bytes(np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes())
         if placed is None:
             self._silent_frames += 1
         else:

@@ -210,6 +210,7 @@ class DuplexSession:
         self.state = SessionState.LISTENING
         self.stats = SessionStats()
         self._chunker = FrameChunker(FRAME_BYTES)
+        self._reference_chunker = FrameChunker(FRAME_BYTES)  # the device's own
         self._timeline = MicTimeline()
         self.mic_ms = 0
         self._answer: _Answer | None = None
@@ -229,24 +230,33 @@ class DuplexSession:
 
     # --- inputs ----------------------------------------------------------------------
 
-    def feed_mic(self, pcm: bytes) -> None:
+    def feed_mic(self, pcm: bytes, reference: bytes | None = None) -> None:
         """Process mic audio (16 kHz mono s16le, any chunk size).
 
-        With a ``dsp`` worker the DSP runs there and its results are applied on the
-        loop in order; without one it runs here (blocking, ~0.4-1.2 ms per 32 ms).
+        ``reference``: the device's own echo reference for the same samples (the
+        second channel of ``MULTI_CHANNEL_AUDIO``: what its speaker played,
+        sample-aligned), used as the echo canceller's far end instead of the
+        time line. With a ``dsp`` worker the DSP runs there and its results are
+        applied on the loop in order; without one it runs here (blocking).
         """
         if self.state is SessionState.ENDED:
             return
         if self._echo is not None:
             self._timeline.chunk(self.player.clock.now(), len(pcm) // 2)
         frames = self._chunker.feed(pcm)
+        references: list[bytes | None] | None = None
+        if self._echo is not None and reference and len(reference) == len(pcm):
+            references = list(self._reference_chunker.feed(reference))
+        elif self._echo is not None:
+            self._reference_chunker.feed(bytes(len(pcm)))  # stays in step
         if not frames:
             return
         epoch = self._epoch
+        job = partial(self._analyse, references=references)
         if self._dsp is None:
-            self._apply(epoch, self._analyse(frames))
+            self._apply(epoch, job(frames))
         elif not self._dsp.submit(
-            self._analyse, frames, done=partial(self._apply, epoch), droppable=True
+            job, frames, done=partial(self._apply, epoch), droppable=True
         ):
             _LOGGER.debug("Mic audio after the DSP worker closed: dropped")
 
@@ -354,16 +364,25 @@ class DuplexSession:
         else:
             self._dsp.submit(self.segmenter.restart)
 
-    def _analyse(self, frames: list[bytes]) -> list[_FrameResult]:
+    def _analyse(
+        self, frames: list[bytes], references: list[bytes | None] | None = None
+    ) -> list[_FrameResult]:
         """Run the DSP over 10 ms frames (on the worker: touches no session state)."""
         if self.state is SessionState.ENDED:
             return []
-        return [self._analyse_frame(frame) for frame in frames]
+        if references is None or len(references) != len(frames):
+            return [self._analyse_frame(frame) for frame in frames]
+        return [
+            self._analyse_frame(frame, reference)
+            for frame, reference in zip(frames, references, strict=True)
+        ]
 
-    def _analyse_frame(self, frame: bytes) -> _FrameResult:
+    def _analyse_frame(
+        self, frame: bytes, reference: bytes | None = None
+    ) -> _FrameResult:
         raw = frame
         if self._echo is not None:
-            frame = self._echo.process(frame)
+            frame = self._echo.process(frame, reference)
         gate_event = self.gate.process(frame)
         if self._echo_gate is not None and self._echo is not None:
             quiet = self.gate.level < self.gate.floor + self.gate.margin_db / 2
@@ -382,10 +401,17 @@ class DuplexSession:
         else:
             onset_frame = self.gate.onset_frame
         segment_event = self.segmenter.process_frame(frame)
+        gate_open = self.gate.open
+        if self._echo is not None and self._echo.learning:
+            # A fresh canceller still learning the echo path: what opens the gate
+            # now is the answer's own echo, not the user (no pause on it, and the
+            # gate starts closed once the canceller has learnt).
+            gate_event, gate_open = None, False
+            self.gate.open = False
         return _FrameResult(
             gate_event,
             onset_frame,
-            self.gate.open,
+            gate_open,
             segment_event,
             self.segmenter.in_utterance,
         )
