@@ -153,7 +153,10 @@ DEFAULT_ESPHOME_PORT: Final = 6053
 CONF_BARGE_IN: Final = "barge_in"  # "vad" | "wake_word" | "off" (duplex.BargeIn)
 DEFAULT_BARGE_IN: Final = "wake_word"  # safe on boards without echo cancellation
 CONF_ECHO_CANCELLATION: Final = "echo_cancellation"  # server-side AEC3 (livekit)
-DEFAULT_ECHO_CANCELLATION: Final = True
+# Off: measured in simulated rooms (docs/benchmarks.md, issue 19), neither server
+# canceller keeps `vad` from cutting answers by itself on a board without its own,
+# and the default barge-in (`wake_word`) does not need one.
+DEFAULT_ECHO_CANCELLATION: Final = False
 CONF_END_SILENCE: Final = "end_silence"  # seconds of silence after an answer
 DEFAULT_END_SILENCE: Final = 8
 # Wyoming satellites owned by an entry (options), one dict each: host, port, name,

@@ -347,7 +347,7 @@ async def test_settings_decide_barge_in_and_end_silence(
         options = rig.link.binding.options
         assert options.barge_in is barge_in
         assert options.end_silence_ms == 2000
-        assert rig.link.binding.echo is not None  # on by default
+        assert rig.link.binding.echo is None  # off by default (docs/duplex.md)
 
         openai_peer.enqueue(Text(STORY))
         openai_peer.enqueue(Text("Okay, the lights."))
@@ -377,14 +377,23 @@ async def test_echo_cancellation_when_asked_and_why_not(
     openai_peer: OpenAIPeer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Asked for: a numpy canceller per conversation, each going on from the last.
+    """Asked for: AEC3 where its wheel runs, else numpy (each going on from the last).
 
-    Unavailable (not the case for the numpy engine; patched): one warning.
+    Unavailable altogether (not the case for the numpy engine; patched): one warning.
     """
     settings = {CONF_ECHO_CANCELLATION: True}
     async with satellite_device() as device:
         conf = stored(device, **settings)
         factory = duplex_ha.satellite_echo("kitchen", conf)
+        assert factory is not None
+        assert factory().engine == "aec3"  # the livekit wheel runs here
+        without_aec3 = {"aec3": "the livekit package is not installed"}
+        with patch.object(
+            duplex_ha,
+            "echo_unavailable_reason",
+            side_effect=lambda engine="numpy": without_aec3.get(engine),
+        ):
+            factory = duplex_ha.satellite_echo("kitchen", conf)
         assert factory is not None
         first, second = factory(), factory()
         assert isinstance(first, EchoCanceller) and first.engine == "numpy"

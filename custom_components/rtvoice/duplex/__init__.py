@@ -39,7 +39,12 @@ from .contracts import (
     TextToSpeech,
     TicketLike,
 )
-from .echo import EchoCanceller, unavailable_reason as echo_unavailable_reason
+from .echo import (
+    ENGINE_AEC3,
+    ENGINE_NUMPY,
+    EchoCanceller,
+    unavailable_reason as echo_unavailable_reason,
+)
 from .gate import GateEvent, OnsetGate
 from .heard import HeardLedger
 from .player import PacedPlayer, PlayerState
@@ -56,6 +61,8 @@ from .worker import DspWorker
 
 __all__ = [
     "BYTES_PER_MS",
+    "ENGINE_AEC3",
+    "ENGINE_NUMPY",
     "FRAME_BYTES",
     "FRAME_MS",
     "SAMPLE_RATE",
