@@ -33,6 +33,7 @@ END, HOLD, WAIT = TurnVerdict.END, TurnVerdict.HOLD, TurnVerdict.WAIT
     ],
 )
 def test_unfinished_words_wait_at_every_level(text: str) -> None:
+    """Unfinished words wait at every level."""
     assert unfinished(text)
     for eagerness in Eagerness:
         assert judge_turn(text, eagerness) is WAIT
@@ -51,10 +52,12 @@ def test_unfinished_words_wait_at_every_level(text: str) -> None:
     ],
 )
 def test_finished_words_are_not_unfinished(text: str) -> None:
+    """Finished words are not unfinished."""
     assert not unfinished(text)
 
 
 def test_a_recognised_command_ends_the_turn_at_every_level() -> None:
+    """A recognised command ends the turn at every level."""
     for eagerness in Eagerness:
         assert judge_turn("kitchen lights on", eagerness, recognised=True) is END
 
@@ -74,6 +77,7 @@ def test_a_recognised_command_ends_the_turn_at_every_level() -> None:
     ],
 )
 def test_eagerness_levels(text: str, low, medium, high) -> None:
+    """Eagerness levels."""
     assert judge_turn(text, Eagerness.LOW) is low
     assert judge_turn(text, Eagerness.MEDIUM) is medium
     assert judge_turn(text, Eagerness.HIGH) is high
@@ -81,5 +85,6 @@ def test_eagerness_levels(text: str, low, medium, high) -> None:
 
 
 def test_auto_is_medium() -> None:
+    """Auto is medium."""
     assert Eagerness.AUTO.level is Eagerness.MEDIUM
     assert Eagerness.LOW.level is Eagerness.LOW

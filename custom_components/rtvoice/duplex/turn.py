@@ -1,4 +1,4 @@
-"""End of turn by what was said: is the utterance so far a finished turn?
+"""End of turn by what was said: is the utterance so far a finished turn.
 
 At a short silence inside an utterance (``UtterancePaused``, ~220 ms of no energy,
 long before the VAD's tail and the segmenter's hangover end it) the session
@@ -61,29 +61,27 @@ class TurnVerdict(enum.StrEnum):
 # conjunctions and fillers, whatever the punctuation ("Turn on the." is a fragment).
 _ALWAYS_OPEN = frozenset(
     """
-    a an the my your his her its our their some any every
-    to in of for at with from by into onto about over under than as like near
-    and or but so because then if when while unless until whether whose
-    um uh er erm hmm ah eh mm
-    """.split()
+    a an the my your his her its our their some any every to in of for at with from
+    by into onto about over under than as like near and or but so because then if
+    when while unless until whether whose um uh er erm hmm ah eh mm
+    """.split()  # noqa: SIM905 - a word list reads best as words
 )
 # ... and words that end a phrase only when the STT closed it ("What is that?"):
 # demonstratives, auxiliaries, the verbs and question words a command starts with.
 _OPEN_UNLESS_CLOSED = frozenset(
     """
-    this that these those which who no
-    is are was were be been am do does did can could would should will shall may
-    might must have has had not also just
-    turn switch set make put open close lock unlock start play dim
-    show tell give let what where how why whats
-    """.split()
+    this that these those which who no is are was were be been am do does did can
+    could would should will shall may might must have has had not also just turn
+    switch set make put open close lock unlock start play dim show tell give let
+    what where how why whats
+    """.split()  # noqa: SIM905 - a word list reads best as words
 )
 _NUMBERS = frozenset(
     """
     zero one two three four five six seven eight nine ten eleven twelve thirteen
     fourteen fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty
     sixty seventy eighty ninety hundred thousand half quarter
-    """.split()
+    """.split()  # noqa: SIM905 - a word list reads best as words
 )
 _WORD = re.compile(r"[\w']+")
 _TRAILING_OPEN = ("...", "…", ",", ";", ":", "-", "–", "—")
