@@ -22,6 +22,7 @@ from tests.duplex.fakes import FakeChild, FakeStt, FakeTransport, FakeTts
 from tests.duplex.test_session import quiet, scripted_vad, speech
 
 HANGOVER_MS = 600
+SAFETY_S = 10.0
 
 
 class TurnRig:
@@ -67,6 +68,12 @@ class TurnRig:
             self.session.output_end(seq)
 
 
+async def wait(event: asyncio.Event) -> None:
+    """Await ``event``, with a safety net against a hang (never a synchronisation)."""
+    async with asyncio.timeout(SAFETY_S):
+        await event.wait()
+
+
 async def settle(n: int = 30) -> None:
     """Let the session's tasks run (scheduling steps, not time)."""
     for _ in range(n):
@@ -94,7 +101,7 @@ async def test_a_complete_sentence_ends_the_turn_at_the_short_silence(rigs) -> N
     """'turn off the kitchen lights' + 250 ms: pushed long before the hangover."""
     rig = rigs("turn off the kitchen lights")
     rig.session.feed_mic(speech(400) + quiet(250))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     assert rig.child.pushes == ["turn off the kitchen lights"]
     assert rig.child.speculative == []  # ended, not speculated
     assert rig.session.stats.early_ends == 1
@@ -112,7 +119,7 @@ async def test_without_eagerness_the_short_silence_changes_nothing(rigs) -> None
     await settle()
     assert rig.stt.heard == []
     rig.session.feed_mic(quiet(HANGOVER_MS))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     assert rig.child.pushes == ["turn off the kitchen lights"]
 
 
@@ -120,11 +127,11 @@ async def test_unfinished_words_wait_for_the_hangover(rigs) -> None:
     """'turn on the' waits; the hangover pushes those words, transcribed once."""
     rig = rigs("turn on the")
     rig.session.feed_mic(speech(400) + quiet(250))
-    await rig.stt.started.wait()
+    await wait(rig.stt.started)
     await settle()
     assert rig.child.pushes == []
     rig.session.feed_mic(quiet(HANGOVER_MS))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     assert rig.child.pushes == ["turn on the"]
     assert len(rig.stt.heard) == 1  # the early transcript served the utterance
     assert rig.child.speculative == []
@@ -134,11 +141,11 @@ async def test_unfinished_words_then_more_words_end_at_the_next_silence(rigs) ->
     """A mid-sentence pause: the rest of the words and a second short silence."""
     rig = rigs("turn on the", "turn on the kitchen lights")
     rig.session.feed_mic(speech(300) + quiet(400))  # a 400 ms hesitation
-    await rig.stt.started.wait()
+    await wait(rig.stt.started)
     await settle()
     assert rig.child.pushes == []
     rig.session.feed_mic(speech(300) + quiet(250))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     assert rig.child.pushes == ["turn on the kitchen lights"]
     assert len(rig.stt.heard[1]) > len(rig.stt.heard[0])  # the whole utterance
 
@@ -147,7 +154,7 @@ async def test_a_recognised_command_ends_the_turn_even_at_low_eagerness(rigs) ->
     """HA's intent matching recognises the words: the turn ends now."""
     rig = rigs("kitchen lights on", eagerness=Eagerness.LOW, recognised=True)
     rig.session.feed_mic(speech(400) + quiet(250))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     assert rig.recognised == ["kitchen lights on"]
     assert rig.child.speculative == []
     assert rig.session.stats.early_ends == 1
@@ -157,14 +164,14 @@ async def test_speculation_confirmed_by_the_hangover_plays(rigs) -> None:
     """HOLD: answered at once, synthesised, played only once the hangover confirms."""
     rig = rigs("turn off the kitchen lights", eagerness=Eagerness.LOW, recognised=False)
     rig.session.feed_mic(speech(400) + quiet(250))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     assert rig.child.speculative == [1]
     await rig.answer(1, "Done. The lights are off.")
     await settle()
     assert rig.tts.sentences == ["Done."]  # the first sentence is ready ...
     assert rig.transport.frames == []  # ... and not played
     rig.session.feed_mic(quiet(HANGOVER_MS))
-    await rig.child.acked_final.wait()
+    await wait(rig.child.acked_final)
     assert rig.child.confirms == [1]
     assert rig.transport.audio == rig.tts.audio(0) + rig.tts.audio(1)
     assert rig.child.pushes == ["turn off the kitchen lights"]  # no second push
@@ -186,7 +193,7 @@ async def test_speculation_superseded_when_the_user_goes_on(rigs) -> None:
         recognised=False,
     )
     rig.session.feed_mic(speech(400) + quiet(300))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     await rig.answer(1, "Done. The lights are off.", end=False)
     await settle()
     rig.session.feed_mic(speech(300))  # the user goes on
@@ -194,7 +201,7 @@ async def test_speculation_superseded_when_the_user_goes_on(rigs) -> None:
     assert rig.child.finals() == [(1, 0)]  # nothing of it was heard
     rig.child.pushed.clear()
     rig.session.feed_mic(quiet(HANGOVER_MS))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     assert rig.child.pushes[-1] == "turn off the kitchen lights and the fan"
     assert rig.child.speculative == [1]  # one speculative round per utterance
     assert rig.transport.frames == []
@@ -212,7 +219,7 @@ async def test_one_speculative_round_per_utterance(rigs) -> None:
         recognised=False,
     )
     rig.session.feed_mic(speech(300) + quiet(300))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     rig.session.feed_mic(speech(300) + quiet(300))  # resumes, pauses again
     await settle()
     assert rig.child.speculative == [1]
@@ -227,7 +234,7 @@ async def test_a_wake_word_during_speculation_cuts_the_held_answer(rigs) -> None
     """A barge-in by wake word while the answer is held: nothing plays."""
     rig = rigs("turn off the kitchen lights", eagerness=Eagerness.LOW, recognised=False)
     rig.session.feed_mic(speech(400) + quiet(250))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     await rig.answer(1, "Done. The lights are off.", end=False)
     await settle()
     rig.session.wake_word_detected()
@@ -244,7 +251,7 @@ async def test_a_failed_speculation_is_asked_again_at_the_hangover(rigs) -> None
     rig = rigs("turn off the kitchen lights", eagerness=Eagerness.LOW, recognised=False)
     rig.child.confirm_fails = True
     rig.session.feed_mic(speech(400) + quiet(250))
-    await rig.child.pushed.wait()
+    await wait(rig.child.pushed)
     rig.session.feed_mic(quiet(HANGOVER_MS))
     await settle()
     assert rig.child.pushes == ["turn off the kitchen lights"] * 2
