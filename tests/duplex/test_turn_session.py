@@ -113,7 +113,7 @@ async def test_a_complete_sentence_ends_the_turn_at_the_short_silence(rigs) -> N
 
 
 async def test_without_eagerness_the_short_silence_changes_nothing(rigs) -> None:
-    """eagerness None: the turn ends by the hangover alone (today's behaviour)."""
+    """Without eagerness the turn ends by the hangover alone (today's behaviour)."""
     rig = rigs("turn off the kitchen lights", eagerness=None)
     rig.session.feed_mic(speech(400) + quiet(250))
     await settle()
