@@ -34,6 +34,7 @@ from .contracts import (
     ConversationChild,
     DuplexOptions,
     KernelChild,
+    Recogniser,
     SendFrame,
     SpeechToText,
     TextToSpeech,
@@ -52,6 +53,7 @@ from .segmenter import (
 )
 from .sentences import Sentence, SentenceSplitter
 from .session import DuplexSession, SessionState, SessionStats
+from .turn import Eagerness, TurnVerdict, judge_turn
 from .worker import DspWorker
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "DspWorker",
     "DuplexOptions",
     "DuplexSession",
+    "Eagerness",
     "EchoCanceller",
     "FrameChunker",
     "GateEvent",
@@ -74,6 +77,7 @@ __all__ = [
     "OnsetGate",
     "PacedPlayer",
     "PlayerState",
+    "Recogniser",
     "SendFrame",
     "Sentence",
     "SentenceSplitter",
@@ -82,11 +86,13 @@ __all__ = [
     "SpeechToText",
     "TextToSpeech",
     "TicketLike",
+    "TurnVerdict",
     "UtteranceEnded",
     "UtteranceSegmenter",
     "UtteranceStarted",
     "VadUnavailableError",
     "VirtualClock",
     "echo_unavailable_reason",
+    "judge_turn",
     "micro_vad_scorer",
 ]
