@@ -370,7 +370,7 @@ def cost(res: Result, base: Result) -> str:
     """Extra requests/tokens per utterance of ``res`` against its baseline."""
     n = max(1, res.utterances)
     return (
-        f"{res.name}: {res.preempted_requests / n:.2f} extra requests and"
+        f"{res.preempted_requests / n:.2f} extra requests and"
         f" {res.preempted_tokens / n:.0f} extra tokens per utterance"
         f" ({res.speculations} speculations, {res.preempted} preempted,"
         f" {res.early_ends} turns ended early); the peer got"
@@ -423,7 +423,7 @@ async def main(args: argparse.Namespace) -> None:
         await pair("instant", instant, [None, Eagerness.AUTO])
     if rows & {"21", "22", "23"}:
         await pair("realistic", realistic, [None, Eagerness.AUTO])
-    if "22" in rows and not args.quick:
+    if rows & {"22", "23"} and not args.quick:
         await pair("realistic", realistic, [Eagerness.LOW, Eagerness.HIGH])
     if "20" in rows:
         off, auto = results["instant:off"], results["instant:auto"]
@@ -469,9 +469,14 @@ async def main(args: argparse.Namespace) -> None:
                 "23 duplex: extra model requests and tokens per utterance from"
                 " speculation",
                 "; ".join(
-                    f"{tag}: {cost(results[f'{tag}:auto'], results[f'{tag}:off'])}"
-                    for tag in ("instant", "realistic")
-                    if f"{tag}:auto" in results
+                    f"{key.replace(':', ' ')}: {cost(results[key], results[base])}"
+                    for key, base in (
+                        ("instant:auto", "instant:off"),
+                        ("realistic:auto", "realistic:off"),
+                        ("realistic:low", "realistic:off"),
+                        ("realistic:high", "realistic:off"),
+                    )
+                    if key in results
                 ),
                 "bounded (≤ 1 speculative round per utterance)",
             )
