@@ -175,4 +175,9 @@ def _session(session: DuplexSession) -> dict[str, Any]:
         "echo_utterances": stats.echo_utterances,
         "stt_errors": stats.stt_errors,
         "tts_errors": stats.tts_errors,
+        "early_transcripts": stats.early_transcripts,
+        "early_ends": stats.early_ends,
+        "speculations": stats.speculations,
+        "confirmed_speculations": stats.confirmed_speculations,
+        "preempted": stats.preempted,
     }
