@@ -19,7 +19,7 @@ from custom_components.rtvoice.duplex import (
 )
 from custom_components.rtvoice.duplex.turn import Eagerness
 from tests.duplex.fakes import FakeChild, FakeStt, FakeTransport, FakeTts
-from tests.duplex.test_session import quiet, scripted_vad, speech
+from tests.duplex.test_session import quiet, scripted_vad, speech, whisper
 
 HANGOVER_MS = 600
 SAFETY_S = 10.0
@@ -110,6 +110,18 @@ async def test_a_complete_sentence_ends_the_turn_at_the_short_silence(rigs) -> N
     assert len(rig.stt.heard) == 1
     assert rig.child.pushes == ["turn off the kitchen lights"]
     assert rig.session.stats.utterances == 1
+
+
+async def test_the_vad_tail_after_an_early_end_is_no_utterance(rigs) -> None:
+    """The VAD goes on saying speech over silence after the turn ended: dropped."""
+    rig = rigs("turn off the kitchen lights")
+    rig.session.feed_mic(speech(400) + quiet(250))
+    await wait(rig.child.pushed)
+    rig.session.feed_mic(whisper(300) + quiet(HANGOVER_MS + 100))  # no energy
+    await settle()
+    assert len(rig.stt.heard) == 1  # not transcribed (an STT may hallucinate)
+    assert rig.child.pushes == ["turn off the kitchen lights"]
+    assert rig.session.stats.vad_tails == 1
 
 
 async def test_without_eagerness_the_short_silence_changes_nothing(rigs) -> None:

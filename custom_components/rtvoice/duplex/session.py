@@ -89,6 +89,9 @@ _LOGGER = logging.getLogger(__name__)
 # 400 ms + 200 ms). Sound after that, in an utterance that began over the answer,
 # is the user's (wake_word and off modes).
 ECHO_TAIL_MS = 600
+# pymicro-vad says "speech" for up to ~0.5 s after the last word: an utterance it
+# starts that soon after a turn ended early, without energy, is that tail.
+VAD_TAIL_MS = 800
 _LOUD_DBFS = -50.0  # as the onset gate: quieter is no speech
 _LOUD_OVER_DB = 12.0
 
@@ -130,6 +133,7 @@ class SessionStats:
     speculations: int = 0  # speculative pushes (HOLD), at most one per utterance
     confirmed_speculations: int = 0  # confirmed by the hangover: played
     preempted: int = 0  # withdrawn: the user went on speaking
+    vad_tails: int = 0  # the VAD's tail after an early end, no energy: dropped
 
 
 @dataclass(slots=True)
@@ -152,6 +156,7 @@ class _Track:
     energy: bool = False  # the onset gate was open at some point during it
     early: _Early | None = None  # its latest short silence being judged
     speculated: bool = False  # one speculative round per utterance
+    vad_tail: bool = False  # began right after a turn ended early (the VAD's tail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +242,7 @@ class DuplexSession:
             self.options.turn_pause_ms // FRAME_MS if self._eagerness else 0
         )
         self._held_seq: int | None = None  # the speculative round not yet confirmed
+        self._early_end_ms: int | None = None  # mic position of the last early end
         self.gate = gate if gate is not None else OnsetGate()
         # Opt-in second gate on the raw mic (beats AEC3's double-talk hold when the
         # user is louder than the echo, at the price of more false pauses: see
@@ -480,6 +486,8 @@ class DuplexSession:
             ignored=playing and self.options.barge_in is not BargeIn.VAD,
             over_answer=playing,
             energy=self._gate_open,
+            vad_tail=self._early_end_ms is not None
+            and self.mic_ms - self._early_end_ms <= VAD_TAIL_MS,
         )
         if self._utterance.ignored:
             return  # speech alone never interrupts in wake_word/off mode
@@ -500,6 +508,11 @@ class DuplexSession:
             # Begun in the answer's echo tail, the user's words after it.
             self.stats.tail_utterances += 1
             pcm, track = after_tail, _Track(energy=True)
+        if track.vad_tail and not track.energy:
+            # The VAD still "hears" the words of a turn that ended early (its
+            # state outlives the restart): silence, not an utterance.
+            self.stats.vad_tails += 1
+            return
         if track.over_answer and not track.energy:
             # The VAD alone, over the answer, with no energy above the floor: what
             # it hears is residual echo (pymicro-vad fires on it); no words here.
@@ -617,6 +630,7 @@ class DuplexSession:
         """Push the words as the whole turn; the VAD's tail is no utterance."""
         self.stats.early_ends += 1
         self.stats.utterances += 1
+        self._early_end_ms = self.mic_ms
         self._restart_segmenter()
         self._utterance = _Track()
         self._transcribed(text)
