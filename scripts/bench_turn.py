@@ -269,13 +269,20 @@ async def run_stream(
             frames_before = len(stream.frames)
             await feed(clip.pcm, said=True)
             end_at = began + clip.end / RATE
+            if DEBUG:
+                print(f"clip {clip.text!r} began {began:.3f} end {end_at:.3f}")
             waited = 0.0
             while len(stream.frames) == frames_before and waited < WAIT_S:
                 await feed(silence(32))
                 waited += CHUNK_S
-            # Let the answer play out: no frame for QUIET_S, then the gap.
-            while stream.frames and loop.time() - stream.frames[-1] < QUIET_S:
+            # Let every answer play out (a cut-off one has a second answer).
+            settle = 0.0
+            while settle < WAIT_S and (
+                not conversation.session.idle
+                or (stream.frames and loop.time() - stream.frames[-1] < QUIET_S)
+            ):
                 await feed(silence(32))
+                settle += CHUNK_S
             result.utterances += 1
             result.paused += bool(clip.first_end)
             new = stream.frames[frames_before:]
@@ -283,6 +290,10 @@ async def run_stream(
                 result.missed += 1
             elif new[0] < end_at:
                 result.false_cutoffs += 1
+                if DEBUG:
+                    print(
+                        f"FALSE {clip.text!r} first {new[0] - end_at:.3f} after end, {new[0] - began:.3f} after began"
+                    )
             else:
                 result.latencies.append(new[0] - end_at)
             stream.clip = None
@@ -346,6 +357,7 @@ async def run_config(
 
 
 ANSWER_CLIP = b""
+DEBUG = False
 
 
 # --------------------------------------------------------------------------- main

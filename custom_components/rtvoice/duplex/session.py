@@ -274,6 +274,19 @@ class DuplexSession:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stt_task: asyncio.Task[None] | None = None
 
+    @property
+    def idle(self) -> bool:
+        """True when no utterance, transcription, round or answer is in progress."""
+        return (
+            self._answer is None
+            and not self._pending_rounds
+            and not self._in_utterance
+            and not self._stt_pending()
+            and not any(
+                t.get_name() == "rtvoice duplex end of turn" for t in self._tasks
+            )
+        )
+
     # --- inputs ----------------------------------------------------------------------
 
     def feed_mic(self, pcm: bytes) -> None:
