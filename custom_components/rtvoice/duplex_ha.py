@@ -236,7 +236,7 @@ def satellite_eagerness(conf: Mapping[str, Any]) -> Eagerness | None:
     try:
         return Eagerness(value)
     except ValueError:
-        return Eagerness(DEFAULT_TURN_EAGERNESS)
+        return None  # an unknown stored value: the rule stays off
 
 
 def satellite_echo(

@@ -12,13 +12,13 @@ from custom_components.rtvoice.duplex_ha import satellite_eagerness, satellite_o
 @pytest.mark.parametrize(
     ("stored", "expected"),
     [
-        (None, Eagerness.AUTO),  # not stored yet: the default
+        (None, None),  # not stored yet: the default (off)
         ("auto", Eagerness.AUTO),
         ("low", Eagerness.LOW),
         ("medium", Eagerness.MEDIUM),
         ("high", Eagerness.HIGH),
         ("off", None),
-        ("bogus", Eagerness.AUTO),  # a bad stored value falls back to the default
+        ("bogus", None),  # a bad stored value: off
     ],
 )
 def test_stored_eagerness_becomes_the_option(
