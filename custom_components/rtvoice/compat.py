@@ -294,7 +294,7 @@ def intent_recogniser(
         method = getattr(agent, "async_recognize_intent", None)
         if method is None:
             return False
-        values = {
+        values: dict[str, Any] = {
             "text": text,
             "context": Context(),
             "conversation_id": None,
