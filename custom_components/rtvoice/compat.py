@@ -9,7 +9,7 @@ another still takes the right branch for each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 import dataclasses
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from homeassistant.components import conversation
-from homeassistant.core import HomeAssistant
+from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import llm
 
 from .const import DOMAIN
@@ -268,3 +268,51 @@ async def tts_synthesise(
     )
     extension, audio = await tts.async_get_media_source_audio(hass, media_id)
     return str(extension), bytes(audio)
+
+
+# ── recognising a command without running it (the default agent's matcher) ────
+
+
+def intent_recogniser(
+    hass: HomeAssistant, language: Callable[[], str | None]
+) -> Callable[[str], Awaitable[bool]]:
+    """Return ``recognise(text)``: whether HA's own intent matching knows the command.
+
+    Asks the default agent's ``async_recognize_intent`` (2025.4; 2026.x keeps it)
+    with ``strict_intents_only`` where it exists (exposed entities, no fuzzy
+    match), never ``async_handle_intents``: nothing is executed. A missing agent
+    or method, or any error, is "not recognised" (the words alone then decide).
+    ``ConversationInput`` is built from the fields this version has (2026.x
+    requires ``satellite_id``; 2025.4 rejects it).
+    """
+
+    async def recognise(text: str) -> bool:
+        try:
+            agent = conversation.async_get_agent(hass)
+        except (KeyError, AttributeError):  # conversation not set up (yet)
+            return False
+        method = getattr(agent, "async_recognize_intent", None)
+        if method is None:
+            return False
+        values: dict[str, Any] = {
+            "text": text,
+            "context": Context(),
+            "conversation_id": None,
+            "device_id": None,
+            "satellite_id": None,
+            "language": language() or hass.config.language,
+            "agent_id": conversation.HOME_ASSISTANT_AGENT,
+            "extra_system_prompt": None,
+        }
+        names = {f.name for f in dataclasses.fields(conversation.ConversationInput)}
+        user_input = conversation.ConversationInput(
+            **{k: v for k, v in values.items() if k in names}
+        )
+        kwargs: dict[str, Any] = {}
+        accepted = _accepted_keywords(method)
+        if accepted is None or "strict_intents_only" in accepted:
+            kwargs["strict_intents_only"] = True
+        result = await method(user_input, **kwargs)
+        return result is not None and getattr(result, "intent", None) is not None
+
+    return recognise

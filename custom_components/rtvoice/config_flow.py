@@ -87,6 +87,7 @@ from .const import (
     CONF_NOISE_PSK,
     CONF_PROMPT,
     CONF_TEMPERATURE,
+    CONF_TURN_EAGERNESS,
     CONF_WAKE_WORD,
     CONF_WYOMING_SATELLITES,
     DEFAULT_AGENT_ID,
@@ -109,6 +110,7 @@ from .const import (
     DEFAULT_OPTIONS_OPENAI,
     DEFAULT_PROMPT,
     DEFAULT_TEMPERATURE,
+    DEFAULT_TURN_EAGERNESS,
     DEFAULT_WYOMING_PORT,
     DOMAIN,
     LLM_API_NONE,
@@ -1070,6 +1072,9 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
                     CONF_BARGE_IN: str(user_input[CONF_BARGE_IN]),
                     CONF_ECHO_CANCELLATION: echo,
                     CONF_END_SILENCE: int(user_input[CONF_END_SILENCE]),
+                    CONF_TURN_EAGERNESS: str(
+                        user_input.get(CONF_TURN_EAGERNESS, DEFAULT_TURN_EAGERNESS)
+                    ),
                 }
                 if wake_word:
                     changed[CONF_WAKE_WORD] = str(user_input[CONF_WAKE_WORD])
@@ -1081,6 +1086,9 @@ class RealtimeVoiceOptionsFlow(OptionsFlow):
                 CONF_ECHO_CANCELLATION, DEFAULT_ECHO_CANCELLATION
             ),
             CONF_END_SILENCE: satellite.get(CONF_END_SILENCE, DEFAULT_END_SILENCE),
+            CONF_TURN_EAGERNESS: satellite.get(
+                CONF_TURN_EAGERNESS, DEFAULT_TURN_EAGERNESS
+            ),
         }
         if wake_word:
             current[CONF_WAKE_WORD] = satellite.get(CONF_WAKE_WORD, DEFAULT_WAKE_WORD)
@@ -1302,8 +1310,20 @@ def _duplex_settings_schema(*, wake_word: bool = False) -> vol.Schema:
             vol.Required(CONF_END_SILENCE, default=DEFAULT_END_SILENCE): _number(
                 MIN_END_SILENCE, MAX_END_SILENCE, unit="s"
             ),
+            vol.Required(
+                CONF_TURN_EAGERNESS, default=DEFAULT_TURN_EAGERNESS
+            ): SelectSelector(
+                SelectSelectorConfig(
+                    options=TURN_EAGERNESS_OPTIONS,
+                    translation_key=CONF_TURN_EAGERNESS,
+                    mode=SelectSelectorMode.DROPDOWN,
+                )
+            ),
         }
     )
+
+
+TURN_EAGERNESS_OPTIONS = ["auto", "low", "medium", "high", "off"]
 
 
 _DUPLEX_SCHEMA = vol.Schema(

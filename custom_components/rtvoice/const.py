@@ -159,6 +159,12 @@ CONF_ECHO_CANCELLATION: Final = "echo_cancellation"  # server-side AEC3 (livekit
 DEFAULT_ECHO_CANCELLATION: Final = False
 CONF_END_SILENCE: Final = "end_silence"  # seconds of silence after an answer
 DEFAULT_END_SILENCE: Final = 8
+# End of turn by what was said (duplex/turn.py): "off" | "low" | "medium" | "high"
+# | "auto" (medium); off ends a turn by silence alone. Off by default for now: on
+# the bench's utterances auto cuts off 7 % (those pausing after a complete phrase).
+CONF_TURN_EAGERNESS: Final = "turn_eagerness"
+DEFAULT_TURN_EAGERNESS: Final = "off"
+TURN_EAGERNESS_OFF: Final = "off"
 # Wyoming satellites owned by an entry (options), one dict each: host, port, name,
 # plus the per-satellite settings above and CONF_WAKE_WORD.
 CONF_WYOMING_SATELLITES: Final = "wyoming_satellites"

@@ -180,4 +180,9 @@ def _session(session: DuplexSession) -> dict[str, Any]:
         "stt_errors": stats.stt_errors,
         "stt_dropped": stats.stt_dropped,
         "tts_errors": stats.tts_errors,
+        "early_transcripts": stats.early_transcripts,
+        "early_ends": stats.early_ends,
+        "speculations": stats.speculations,
+        "confirmed_speculations": stats.confirmed_speculations,
+        "preempted": stats.preempted,
     }

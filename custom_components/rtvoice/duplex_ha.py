@@ -61,23 +61,27 @@ from homeassistant.helpers import (
 from homeassistant.helpers.device_registry import format_mac
 from homeassistant.helpers.dispatcher import async_dispatcher_send
 
-from .compat import tts_synthesise
+from .compat import intent_recogniser, tts_synthesise
 from .const import (
     CONF_BARGE_IN,
     CONF_ECHO_CANCELLATION,
     CONF_END_SILENCE,
     CONF_ESPHOME_VERSION,
     CONF_MAC,
+    CONF_TURN_EAGERNESS,
     DEFAULT_BARGE_IN,
     DEFAULT_ECHO_CANCELLATION,
     DEFAULT_END_SILENCE,
     DEFAULT_ESPHOME_PORT,
+    DEFAULT_TURN_EAGERNESS,
     DOMAIN,
+    TURN_EAGERNESS_OFF,
 )
 from .duplex import (
     ENGINE_AEC3,
     BargeIn,
     DuplexOptions,
+    Eagerness,
     EchoCanceller,
     SessionState,
     echo_unavailable_reason,
@@ -230,8 +234,21 @@ def satellite_options(conf: Mapping[str, Any]) -> DuplexOptions:
     except (TypeError, ValueError):
         end_silence = DEFAULT_END_SILENCE
     return DuplexOptions(
-        barge_in=barge_in, end_silence_ms=max(0, round(end_silence * 1000))
+        barge_in=barge_in,
+        end_silence_ms=max(0, round(end_silence * 1000)),
+        eagerness=satellite_eagerness(conf),
     )
+
+
+def satellite_eagerness(conf: Mapping[str, Any]) -> Eagerness | None:
+    """Return how eagerly the satellite ends a turn by its words (None: off)."""
+    value = conf.get(CONF_TURN_EAGERNESS, DEFAULT_TURN_EAGERNESS)
+    if value == TURN_EAGERNESS_OFF:
+        return None
+    try:
+        return Eagerness(value)
+    except ValueError:
+        return None  # an unknown stored value: the rule stays off
 
 
 def satellite_echo(
@@ -311,6 +328,7 @@ def satellite_binding(
             render_prompt=sessions.render_prompt,
             prepare=prepare,
             forget=sessions.forget_turn,
+            recognise=intent_recogniser(hass, lambda: pipeline_language(hass, choice)),
         ),
         sessions.settings,
     )

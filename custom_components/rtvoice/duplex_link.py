@@ -42,6 +42,7 @@ from .duplex import (
     DuplexSession,
     EchoCanceller,
     KernelChild,
+    Recogniser,
     SendFrame,
     SessionState,
     SpeechToText,
@@ -134,6 +135,7 @@ class DuplexBinding:
     render_prompt: Callable[[], str] | None = None
     prepare: Callable[[str, str | None], Awaitable[None]] | None = None
     forget: Callable[[str], None] | None = None
+    recognise: Recogniser | None = None  # HA's intent matching, for end of turn
 
     def prompt(self) -> str:
         """Return the system prompt of a conversation opening now."""
@@ -316,6 +318,7 @@ class DuplexConversation:
             on_state=self._on_state,
             dsp=self.dsp,
             first_seq=first_seq,
+            recognise=binding.recognise,
         )
         # In order with any audio of an earlier session still on the worker.
         self.dsp.submit(self._segmenter.restart)

@@ -393,3 +393,58 @@ async def test_async_converse_with_var_keywords(
     )
     assert received["satellite_id"] == "s"
     assert set(received) >= {"text", "conversation_id", "context", "agent_id"}
+
+
+# ── intent recognition without running it (end of turn, issue 18) ────────────
+
+
+async def test_intent_recogniser_asks_the_default_agent_without_running(
+    hass: HomeAssistant,
+) -> None:
+    """HA 2025.4's own matcher recognises a whole command; a fragment is not one."""
+    assert await async_setup_component(hass, "homeassistant", {})
+    assert await async_setup_component(hass, "conversation", {})
+    handled: list[str] = []
+    agent = conversation.async_get_agent(hass)
+    original = agent.async_handle_intents
+
+    async def handle(*args: Any, **kwargs: Any) -> Any:
+        handled.append("ran")
+        return await original(*args, **kwargs)
+
+    agent.async_handle_intents = handle  # type: ignore[method-assign]
+    recognise = compat.intent_recogniser(hass, lambda: "en")
+    assert await recognise("what time is it")
+    assert not await recognise("what time is")
+    assert not await recognise("tell me a story about dragons")
+    assert handled == []  # recognised, never executed
+
+
+@dataclass
+class _Recognised:
+    intent: Any = "HassTurnOn"
+
+
+class _NewAgent:
+    """An agent whose recogniser lacks ``strict_intents_only`` (a future HA)."""
+
+    def __init__(self) -> None:
+        self.inputs: list[Any] = []
+
+    async def async_recognize_intent(self, user_input: Any) -> Any:
+        self.inputs.append(user_input)
+        return _Recognised() if user_input.text == "lights on" else None
+
+
+async def test_intent_recogniser_feature_detects_the_agent(
+    hass: HomeAssistant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``strict_intents_only``: not passed; no recogniser at all: not recognised."""
+    agent = _NewAgent()
+    monkeypatch.setattr(conversation, "async_get_agent", lambda hass: agent)
+    recognise = compat.intent_recogniser(hass, lambda: None)
+    assert await recognise("lights on")
+    assert not await recognise("lights")
+    assert agent.inputs[0].language == hass.config.language
+    monkeypatch.setattr(conversation, "async_get_agent", lambda hass: object())
+    assert not await recognise("lights on")

@@ -30,6 +30,7 @@ from custom_components.rtvoice.const import (
     CONF_MAC,
     CONF_NAME,
     CONF_NOISE_PSK,
+    CONF_TURN_EAGERNESS,
     DOMAIN,
 )
 from custom_components.rtvoice.duplex import echo
@@ -466,7 +467,12 @@ async def test_satellite_settings_are_stored_in_its_dict(
     }
     result = await hass.config_entries.options.async_configure(
         form["flow_id"],
-        {CONF_BARGE_IN: "vad", CONF_ECHO_CANCELLATION: True, CONF_END_SILENCE: 12.0},
+        {
+            CONF_BARGE_IN: "vad",
+            CONF_ECHO_CANCELLATION: True,
+            CONF_END_SILENCE: 12.0,
+            CONF_TURN_EAGERNESS: "low",
+        },
     )
     assert result["type"] is FlowResultType.CREATE_ENTRY
     kitchen, hall = entry.options[CONF_DUPLEX_SATELLITES]
@@ -474,6 +480,7 @@ async def test_satellite_settings_are_stored_in_its_dict(
     assert hall[CONF_BARGE_IN] == "vad"
     assert hall[CONF_ECHO_CANCELLATION] is True
     assert hall[CONF_END_SILENCE] == 12
+    assert hall[CONF_TURN_EAGERNESS] == "low"
     assert hall[CONF_MAC] == "AA:BB:CC:DD:EE:02"  # the identity is kept
     assert "prompt" in entry.options
 
@@ -490,6 +497,7 @@ async def test_satellite_settings_are_stored_in_its_dict(
         CONF_BARGE_IN: "vad",
         CONF_ECHO_CANCELLATION: True,
         CONF_END_SILENCE: 12,
+        CONF_TURN_EAGERNESS: "low",
     }
 
 

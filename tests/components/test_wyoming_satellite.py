@@ -37,6 +37,7 @@ from custom_components.rtvoice.const import (
     CONF_END_SILENCE,
     CONF_NAME,
     CONF_PROMPT,
+    CONF_TURN_EAGERNESS,
     CONF_WAKE_WORD,
     CONF_WYOMING_SATELLITES,
     DEFAULT_OPTIONS_OPENAI,
@@ -678,6 +679,7 @@ async def test_wyoming_settings_are_stored(
         CONF_BARGE_IN,
         CONF_ECHO_CANCELLATION,
         CONF_END_SILENCE,
+        CONF_TURN_EAGERNESS,
         CONF_WAKE_WORD,
     }
     result = await hass.config_entries.options.async_configure(
@@ -698,6 +700,7 @@ async def test_wyoming_settings_are_stored(
             CONF_ECHO_CANCELLATION: False,
             CONF_END_SILENCE: 12,
             CONF_WAKE_WORD: "alexa",
+            CONF_TURN_EAGERNESS: "off",  # the default
         },
     ]
 

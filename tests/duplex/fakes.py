@@ -70,18 +70,37 @@ class FakeChild:
         self.tickets: list[Ticket] = []
         self.acks: list[tuple[int, int, bool]] = []
         self.interrupts = 0
+        self.speculative: list[int] = []  # seqs pushed speculatively
+        self.confirms: list[int] = []
+        self.withdrawn: list[int] = []
+        self.confirm_fails = False
         self.pushed = asyncio.Event()
         self.acked_final = asyncio.Event()
         self._final_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
-    def push(self, text: str) -> Ticket:
+    def push(self, text: str, *, speculative: bool = False) -> Ticket:
         """Record the words and return a ticket for a new round."""
         self.seq += 1
         self.pushes.append(text)
+        if speculative:
+            self.speculative.append(self.seq)
         ticket = Ticket(self.seq)
         self.tickets.append(ticket)
         self.pushed.set()
         return ticket
+
+    def confirm(self, seq: int) -> bool:
+        """Record a confirmation (``confirm_fails``: as if the round had failed)."""
+        self.confirms.append(seq)
+        return not self.confirm_fails
+
+    def withdraw(self, seq: int) -> bool:
+        """Record a withdrawal; the round settles superseded, as the kernel's does."""
+        self.withdrawn.append(seq)
+        ticket = self.tickets[seq - 1]
+        if not ticket.outcome.done():
+            ticket.outcome.set_result("superseded")
+        return True
 
     def interrupt(self) -> bool:
         """Count interrupts."""

@@ -34,6 +34,7 @@ from .contracts import (
     ConversationChild,
     DuplexOptions,
     KernelChild,
+    Recogniser,
     SendFrame,
     SpeechToText,
     TextToSpeech,
@@ -57,6 +58,7 @@ from .segmenter import (
 )
 from .sentences import Sentence, SentenceSplitter
 from .session import DuplexSession, SessionState, SessionStats
+from .turn import Eagerness, TurnVerdict, judge_turn
 from .worker import DspWorker
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "DspWorker",
     "DuplexOptions",
     "DuplexSession",
+    "Eagerness",
     "EchoCanceller",
     "FrameChunker",
     "GateEvent",
@@ -81,6 +84,7 @@ __all__ = [
     "OnsetGate",
     "PacedPlayer",
     "PlayerState",
+    "Recogniser",
     "SendFrame",
     "Sentence",
     "SentenceSplitter",
@@ -89,11 +93,13 @@ __all__ = [
     "SpeechToText",
     "TextToSpeech",
     "TicketLike",
+    "TurnVerdict",
     "UtteranceEnded",
     "UtteranceSegmenter",
     "UtteranceStarted",
     "VadUnavailableError",
     "VirtualClock",
     "echo_unavailable_reason",
+    "judge_turn",
     "micro_vad_scorer",
 ]

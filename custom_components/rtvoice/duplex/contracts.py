@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import enum
 from typing import Any, Protocol
 
+from .turn import Eagerness
+
 
 class TicketLike(Protocol):
     """What ``push`` returns: the round's sequence number and its outcome."""
@@ -23,8 +25,17 @@ class TicketLike(Protocol):
 class ConversationChild(Protocol):
     """The kernel child a session talks to (acknowledged delivery)."""
 
-    def push(self, text: str) -> TicketLike:
-        """Push the user's words; the running round is cancelled (latest wins)."""
+    def push(self, text: str, *, speculative: bool = False) -> TicketLike:
+        """Push the user's words; the running round is cancelled (latest wins).
+
+        ``speculative``: answered but held (no tool, no history) until ``confirm``.
+        """
+
+    def confirm(self, seq: int) -> bool:
+        """Confirm the speculative input ``seq``; False when too late (push again)."""
+
+    def withdraw(self, seq: int) -> object:
+        """Take input ``seq`` back (a speculation the user talked on over)."""
 
     def interrupt(self) -> object:
         """Cancel the running round without new input."""
@@ -36,8 +47,16 @@ class ConversationChild(Protocol):
 class KernelLike(Protocol):
     """The three kernel methods a ``KernelChild`` forwards to."""
 
-    def push(self, child_id: str, text: str) -> TicketLike:
+    def push(
+        self, child_id: str, text: str, *, speculative: bool = False
+    ) -> TicketLike:
         """See ``Kernel.push``."""
+
+    def confirm(self, child_id: str, seq: int) -> bool:
+        """See ``Kernel.confirm``."""
+
+    def withdraw(self, child_id: str, seq: int) -> object:
+        """See ``Kernel.withdraw``."""
 
     def interrupt(self, child_id: str) -> object:
         """See ``Kernel.interrupt``."""
@@ -55,9 +74,17 @@ class KernelChild:
     kernel: KernelLike
     child_id: str
 
-    def push(self, text: str) -> TicketLike:
+    def push(self, text: str, *, speculative: bool = False) -> TicketLike:
         """Push into the child."""
-        return self.kernel.push(self.child_id, text)
+        return self.kernel.push(self.child_id, text, speculative=speculative)
+
+    def confirm(self, seq: int) -> bool:
+        """Confirm a speculative input."""
+        return self.kernel.confirm(self.child_id, seq)
+
+    def withdraw(self, seq: int) -> object:
+        """Withdraw an input."""
+        return self.kernel.withdraw(self.child_id, seq)
 
     def interrupt(self) -> object:
         """Interrupt the child's round."""
@@ -76,6 +103,9 @@ TextToSpeech = Callable[[str], AsyncIterator[bytes]]
 
 SendFrame = Callable[[bytes], Awaitable[None]]
 """Send one frame of answer audio to the device."""
+
+Recogniser = Callable[[str], Awaitable[bool]]
+"""Whether a transcript is a whole command (HA: its own intent matching, not run)."""
 
 
 class BargeIn(enum.StrEnum):
@@ -103,3 +133,9 @@ class DuplexOptions:
     lead_ms: int = 100  # audio kept queued on the device
     frame_ms: int = 10  # answer audio frame size sent to the device
     early_first_clause_chars: int = 24  # see sentences.SentenceSplitter (0: off)
+    # End of turn by what was said (turn.py): None ends turns by silence alone.
+    # At a short silence of ``turn_pause_ms`` the words so far are transcribed and
+    # judged: the turn ends at once, or is answered speculatively (held until the
+    # hangover confirms it), or waits.
+    eagerness: Eagerness | None = None
+    turn_pause_ms: int = 220

@@ -10,6 +10,11 @@ for ~0.3–0.5 s after it ends), so the utterance keeps ``pre_roll_ms`` of audio
 before the start decision (the STT gets the onset) and ends after ``silence_ms`` of
 non-speech frames on top of the VAD's own tail. It is not a barge-in detector (see
 ``gate.OnsetGate``).
+
+With ``pause_ms`` set, a short silence inside an utterance (that many ms of frames
+the caller marks ``quiet``, by energy, long before the VAD's tail ends) is reported
+once per silence as ``UtterancePaused`` with the audio so far: the session
+transcribes it to decide the end of the turn by what was said (``turn.py``).
 """
 
 from __future__ import annotations
@@ -73,7 +78,16 @@ class UtteranceEnded:
     forced: bool = False  # cut at max_utterance_ms, not by silence
 
 
-SegmentEvent = UtteranceStarted | UtteranceEnded
+@dataclass(frozen=True, slots=True)
+class UtterancePaused:
+    """A short silence inside an utterance: its PCM so far (pre-roll included)."""
+
+    pcm: bytes
+    start_ms: int
+    at_ms: int
+
+
+SegmentEvent = UtteranceStarted | UtteranceEnded | UtterancePaused
 
 
 class UtteranceSegmenter:
@@ -88,8 +102,13 @@ class UtteranceSegmenter:
         silence_ms: int = 250,
         pre_roll_ms: int = 500,
         max_utterance_ms: int = 15000,
+        pause_ms: int = 0,
     ) -> None:
-        """Use ``scorer`` (default: a warmed pymicro-vad) with these timings."""
+        """Use ``scorer`` (default: a warmed pymicro-vad) with these timings.
+
+        ``pause_ms``: report a short silence of this length (0: never); settable
+        later as ``pause_frames`` (10 ms frames).
+        """
         self._score = scorer if scorer is not None else micro_vad_scorer()
         self.threshold = threshold
         self._speech_frames = max(1, speech_ms // FRAME_MS)
@@ -102,6 +121,9 @@ class UtteranceSegmenter:
         self._run = (
             0  # consecutive speech (in SILENCE) or non-speech (in SPEECH) frames
         )
+        self.pause_frames = max(0, pause_ms // FRAME_MS)
+        self._quiet = 0  # consecutive quiet frames in SPEECH
+        self._loud_seen = False  # a loud frame since the utterance or its last pause
         self.frames = 0  # 10 ms frames seen
         self.state = SegmentState.SILENCE
         self.last_probability = -1.0
@@ -121,8 +143,10 @@ class UtteranceSegmenter:
         events = [self.process_frame(frame) for frame in self._chunker.feed(pcm)]
         return [event for event in events if event is not None]
 
-    def process_frame(self, frame: bytes) -> SegmentEvent | None:
-        """Process exactly one 10 ms frame."""
+    def process_frame(
+        self, frame: bytes, *, quiet: bool | None = None
+    ) -> SegmentEvent | None:
+        """Process exactly one 10 ms frame; ``quiet``: no energy in it (None: unknown)."""
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"frames must be {FRAME_BYTES} bytes, got {len(frame)}")
         self.frames += 1
@@ -139,6 +163,8 @@ class UtteranceSegmenter:
             self._pre_roll.clear()
             self._start_frame = self.frames - len(self._utterance)
             self._run = 0
+            self._quiet = 0
+            self._loud_seen = quiet is False
             return UtteranceStarted(self._start_frame * FRAME_MS, self.position_ms)
         self._utterance.append(frame)
         self._run = 0 if speech else self._run + 1
@@ -146,7 +172,23 @@ class UtteranceSegmenter:
             return self._end(forced=False)
         if len(self._utterance) >= self._max_frames:
             return self._end(forced=True)
-        return None
+        return self._pause(quiet)
+
+    def _pause(self, quiet: bool | None) -> UtterancePaused | None:
+        """Count quiet frames after a loud one; report the silence once."""
+        if not self.pause_frames or quiet is None:
+            return None
+        if not quiet:
+            self._quiet = 0
+            self._loud_seen = True
+            return None
+        self._quiet += 1
+        if self._quiet < self.pause_frames or not self._loud_seen:
+            return None
+        self._loud_seen = False  # once per silence: speech must come back first
+        return UtterancePaused(
+            b"".join(self._utterance), self._start_frame * FRAME_MS, self.position_ms
+        )
 
     def restart(self) -> None:
         """Drop the audio kept so far; speech that goes on starts a new utterance."""

@@ -26,6 +26,17 @@ started over the answer but is still loud ``ECHO_TAIL_MS`` after the answer ende
 is kept from the quietest moment of that tail on, and transcribed like any other.
 Silence is counted in mic audio, so no timer task exists.
 
+End of turn by what was said (``DuplexOptions.eagerness``, issue 18): at a short
+silence inside an utterance (``UtterancePaused``) the words so far are transcribed
+(a second STT stream) and judged (``turn.judge_turn``, with ``recognise``: HA's
+intent matching). ``END``: the turn ends now (pushed, the segmenter restarted).
+``HOLD``: pushed *speculatively*, once per utterance: the kernel answers but calls
+no tool and commits nothing, and the answer's first sentence is synthesised but
+not played, until the hangover ends the utterance with no speech after the pause
+(confirmed: it plays, no second STT). Speech again (a gate onset) withdraws it
+(``preempted``) and the whole utterance is transcribed and pushed as usual.
+``WAIT`` (unfinished words): nothing until the hangover.
+
 The DSP of each 10 ms frame (echo canceller, gate, VAD: ``_analyse``) runs on the
 stream's ``DspWorker`` when one is given, and only there; its results come back in
 order and the state machine above acts on them on the loop (``_apply``). Whatever
@@ -51,6 +62,7 @@ from .contracts import (
     BargeIn,
     ConversationChild,
     DuplexOptions,
+    Recogniser,
     SendFrame,
     SpeechToText,
     TextToSpeech,
@@ -62,10 +74,12 @@ from .player import PacedPlayer, PlayerState
 from .segmenter import (
     SegmentEvent,
     UtteranceEnded,
+    UtterancePaused,
     UtteranceSegmenter,
     UtteranceStarted,
 )
 from .sentences import Sentence, SentenceSplitter
+from .turn import Eagerness, TurnVerdict, judge_turn, unfinished
 from .worker import DspWorker
 
 _LOGGER = logging.getLogger(__name__)
@@ -75,6 +89,9 @@ _LOGGER = logging.getLogger(__name__)
 # 400 ms + 200 ms). Sound after that, in an utterance that began over the answer,
 # is the user's (wake_word and off modes).
 ECHO_TAIL_MS = 600
+# pymicro-vad says "speech" for up to ~0.5 s after the last word: an utterance it
+# starts that soon after a turn ended early, without energy, is that tail.
+VAD_TAIL_MS = 800
 _LOUD_DBFS = -50.0  # as the onset gate: quieter is no speech
 _LOUD_OVER_DB = 12.0
 # Utterances waiting for the STT: a person says at most a few before the first
@@ -114,6 +131,23 @@ class SessionStats:
     pause_gaps_ms: list[int] = field(
         default_factory=list
     )  # pause -> resume, false barge-ins
+    # End of turn by what was said (issue 18):
+    early_transcripts: int = 0  # short silences transcribed (second STT stream)
+    early_ends: int = 0  # turns ended at the short silence (END)
+    speculations: int = 0  # speculative pushes (HOLD), at most one per utterance
+    confirmed_speculations: int = 0  # confirmed by the hangover: played
+    preempted: int = 0  # withdrawn: the user went on speaking
+    vad_tails: int = 0  # the VAD's tail after an early end, no energy: dropped
+
+
+@dataclass(slots=True)
+class _Early:
+    """A short silence being judged: the words so far and what came of them."""
+
+    stt: asyncio.Task[str]  # the transcript of the utterance up to the silence
+    resumed: bool = False  # the user went on speaking after it
+    text: str = ""
+    ticket: Any = None  # the speculative push (TicketLike), if HOLD
 
 
 @dataclass(slots=True)
@@ -124,6 +158,9 @@ class _Track:
     answer_ended_ms: int | None = None  # mic position where that answer ended
     over_answer: bool = False  # started while an answer was playing or paused
     energy: bool = False  # the onset gate was open at some point during it
+    early: _Early | None = None  # its latest short silence being judged
+    speculated: bool = False  # one speculative round per utterance
+    vad_tail: bool = False  # began right after a turn ended early (the VAD's tail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +180,16 @@ class _Utterance:
 
     pcm: bytes
     barge_in: bool  # started while an answer was paused for it
+    words: asyncio.Task[str] | None = None  # already transcribed at its last pause
 
 
 class _Answer:
     """The output of one round: its sentences, their audio, what was heard."""
 
-    def __init__(self, seq: int, early_chars: int) -> None:
+    def __init__(self, seq: int, early_chars: int, *, held: bool = False) -> None:
         self.seq = seq
+        # A speculative round's answer: synthesised ahead, played once confirmed.
+        self.hold: asyncio.Event | None = asyncio.Event() if held else None
         self.splitter = SentenceSplitter(early_min_chars=early_chars)
         self.ledger = HeardLedger(seq)
         self.sentences: asyncio.Queue[Sentence | None] = asyncio.Queue()
@@ -157,6 +197,7 @@ class _Answer:
         self.text_paused = False  # the text waits for tool calls
         self.task: asyncio.Task[None] | None = None
         self.acked = 0
+        self.synthesised = False  # a sentence went to the TTS
 
 
 class DuplexSession:
@@ -179,6 +220,7 @@ class DuplexSession:
         on_state: Callable[[SessionState], None] | None = None,
         dsp: DspWorker | None = None,
         first_seq: int = 0,
+        recognise: Recogniser | None = None,
     ) -> None:
         """Bind the child, STT, TTS and transport; ``segmenter`` default: a warmed VAD (blocking).
 
@@ -186,6 +228,8 @@ class DuplexSession:
         VAD) off the loop; None runs it inline in ``feed_mic`` (tests, benches).
         The session does not own it. Rounds up to ``first_seq`` are not its own (an
         earlier session of the same child): their output is ignored.
+        ``recognise(text)``: whether the words are a whole command (HA's intent
+        matching), for ``options.eagerness``.
         """
         self.options = options if options is not None else DuplexOptions()
         self._child = child
@@ -196,6 +240,14 @@ class DuplexSession:
         self._on_end = on_end
         self._on_state = on_state
         self.segmenter = segmenter if segmenter is not None else UtteranceSegmenter()
+        self._recognise = recognise
+        self._eagerness = self.options.eagerness
+        # Set before any audio reaches the worker (the DSP reads it there).
+        self.segmenter.pause_frames = (
+            self.options.turn_pause_ms // FRAME_MS if self._eagerness else 0
+        )
+        self._held_seq: int | None = None  # the speculative round not yet confirmed
+        self._early_end_ms: int | None = None  # mic position of the last early end
         self.gate = gate if gate is not None else OnsetGate()
         # Opt-in second gate on the raw mic (beats AEC3's double-talk hold when the
         # user is louder than the echo, at the price of more false pauses: see
@@ -227,6 +279,19 @@ class DuplexSession:
         self._silent_ms = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._stt_task: asyncio.Task[None] | None = None
+
+    @property
+    def idle(self) -> bool:
+        """True when no utterance, transcription, round or answer is in progress."""
+        return (
+            self._answer is None
+            and not self._pending_rounds
+            and not self._in_utterance
+            and not self._stt_pending()
+            and not any(
+                t.get_name() == "rtvoice duplex end of turn" for t in self._tasks
+            )
+        )
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -400,7 +465,9 @@ class DuplexSession:
                 onset_frame = self.gate.onset_frame
         else:
             onset_frame = self.gate.onset_frame
-        segment_event = self.segmenter.process_frame(frame)
+        gate = self.gate
+        gate_quiet = gate.level < max(gate.floor + gate.margin_db, gate.min_dbfs)
+        segment_event = self.segmenter.process_frame(frame, quiet=gate_quiet)
         gate_open = self.gate.open
         if self._echo is not None and self._echo.learning:
             # A fresh canceller still learning the echo path: what opens the gate
@@ -445,10 +512,16 @@ class DuplexSession:
         elif gate_event is GateEvent.QUIET and self.state is SessionState.RESUMING:
             self._set_state(SessionState.SPEAKING)
 
+        early = self._utterance.early
+        if gate_event is GateEvent.ONSET and early is not None and not early.resumed:
+            self._speech_resumed(early)
+
         if isinstance(segment_event, UtteranceStarted):
             self._utterance_started()
         elif isinstance(segment_event, UtteranceEnded):
             self._utterance_ended(segment_event)
+        elif isinstance(segment_event, UtterancePaused):
+            self._utterance_paused(segment_event)
 
         if self.state is SessionState.PAUSED and self._no_speech_confirmed():
             self._resume()  # the VAD found no speech: a false onset
@@ -474,6 +547,8 @@ class DuplexSession:
             ignored=playing and self.options.barge_in is not BargeIn.VAD,
             over_answer=playing,
             energy=self._gate_open,
+            vad_tail=self._early_end_ms is not None
+            and self.mic_ms - self._early_end_ms <= VAD_TAIL_MS,
         )
         if self._utterance.ignored:
             return  # speech alone never interrupts in wake_word/off mode
@@ -494,6 +569,11 @@ class DuplexSession:
             # Begun in the answer's echo tail, the user's words after it.
             self.stats.tail_utterances += 1
             pcm, track = after_tail, _Track(energy=True)
+        if track.vad_tail and not track.energy:
+            # The VAD still "hears" the words of a turn that ended early (its
+            # state outlives the restart): silence, not an utterance.
+            self.stats.vad_tails += 1
+            return
         if track.over_answer and not track.energy:
             # The VAD alone, over the answer, with no energy above the floor: what
             # it hears is residual echo (pymicro-vad fires on it); no words here.
@@ -502,12 +582,22 @@ class DuplexSession:
                 self._resume()
             return
         self.stats.utterances += 1
+        early = track.early
+        words = None
+        if early is not None and not early.resumed:
+            if early.ticket is not None:
+                self._confirm(early)  # the hangover confirms the speculation
+                return
+            words = early.stt  # nothing said since the pause: its words are these
         if self._utterances.qsize() >= MAX_PENDING_UTTERANCES:
             # Audio faster than the STT (a device flooding its mic): the oldest
             # waiting utterance goes, so the queue and the latency stay bounded.
             self._utterances.get_nowait()
             self.stats.stt_dropped += 1
-        self._utterances.put_nowait(_Utterance(pcm, track.over_answer))
+        self._utterances.put_nowait(_Utterance(pcm, track.over_answer, words))
+        self._start_stt_loop()
+
+    def _start_stt_loop(self) -> None:
         if self._stt_task is None:
             self._stt_task = asyncio.get_running_loop().create_task(
                 self._transcribe_loop(), name="rtvoice duplex stt"
@@ -538,6 +628,122 @@ class DuplexSession:
                 return b"".join(frames[ended + quietest :])
         return None  # the tail and the VAD's hangover: no words after it
 
+    # --- end of turn by what was said (issue 18) -----------------------------------
+
+    def _utterance_paused(self, event: UtterancePaused) -> None:
+        """Transcribe the words up to a short silence and judge them."""
+        track = self._utterance
+        if self._eagerness is None or track.ignored or not track.energy:
+            return
+        if track.early is not None and not track.early.resumed:
+            return  # still judging the previous silence
+        self.stats.early_transcripts += 1
+        loop = asyncio.get_running_loop()
+        stt = loop.create_task(
+            self._transcribe_words(event.pcm), name="rtvoice duplex early stt"
+        )
+        self._keep(stt)
+        early = _Early(stt)
+        track.early = early
+        self._keep(
+            loop.create_task(
+                self._judge(track, early), name="rtvoice duplex end of turn"
+            )
+        )
+
+    async def _transcribe_words(self, pcm: bytes) -> str:
+        async with asyncio.timeout(self.options.stt_timeout_s):
+            return (await self._stt(pcm)).strip()
+
+    async def _judge(self, track: _Track, early: _Early) -> None:
+        """End the turn, speculate or wait, by what the words say."""
+        assert self._eagerness is not None
+        try:
+            early.text = text = await asyncio.shield(early.stt)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the hangover ends the turn instead
+            _LOGGER.debug("Early transcription failed: %s", type(err).__name__)
+            early.resumed = True  # the utterance's end transcribes it again
+            return
+        recognised = False
+        if (
+            self._recognise is not None
+            and not unfinished(text)
+            and self._eagerness.level is not Eagerness.HIGH
+            and not early.resumed
+        ):
+            try:
+                async with asyncio.timeout(self.options.stt_timeout_s):
+                    recognised = await self._recognise(text)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - judged by the words alone
+                _LOGGER.debug("Intent recognition failed: %s", type(err).__name__)
+        if early.resumed or track is not self._utterance or self._ended:
+            return  # the user went on, or the hangover ended the utterance meanwhile
+        verdict = judge_turn(text, self._eagerness, recognised=recognised)
+        if verdict is TurnVerdict.END:
+            self._end_turn_now(text)
+        elif verdict is TurnVerdict.HOLD and not track.speculated:
+            self._speculate(track, early, text)
+
+    @property
+    def _ended(self) -> bool:
+        return self.state is SessionState.ENDED
+
+    def _end_turn_now(self, text: str) -> None:
+        """Push the words as the whole turn; the VAD's tail is no utterance."""
+        self.stats.early_ends += 1
+        self.stats.utterances += 1
+        self._early_end_ms = self.mic_ms
+        self._restart_segmenter()
+        self._utterance = _Track()
+        self._transcribed(text)
+
+    def _speculate(self, track: _Track, early: _Early, text: str) -> None:
+        """Answer the words so far, held until the hangover confirms them."""
+        track.speculated = True
+        if self.state is SessionState.PAUSED or self._answer is not None:
+            self.stats.barge_ins += 1  # words over the answer: it is cut
+        self._cut_answer()
+        ticket = self._child.push(text, speculative=True)
+        early.ticket = ticket
+        self._held_seq = ticket.seq
+        self.stats.speculations += 1
+        self._pending_rounds.add(ticket.seq)
+        ticket.outcome.add_done_callback(partial(self._round_settled, ticket.seq))
+        self._set_state(SessionState.LISTENING)
+
+    def _speech_resumed(self, early: _Early) -> None:
+        """Drop the verdict of a short silence the user spoke on after."""
+        early.resumed = True
+        early.stt.cancel()
+        ticket = early.ticket
+        if ticket is None:
+            return
+        self.stats.preempted += 1
+        self._held_seq = None
+        if self._answer is not None and self._answer.seq == ticket.seq:
+            self._cut_answer()  # nothing of it was played
+        self._child.withdraw(ticket.seq)
+
+    def _confirm(self, early: _Early) -> None:
+        """Play the speculative answer: the hangover found no more words."""
+        ticket = early.ticket
+        self._held_seq = None
+        if not self._child.confirm(ticket.seq):
+            self._transcribed(early.text)  # it failed meanwhile: ask again
+            return
+        self.stats.confirmed_speculations += 1
+        answer = self._answer
+        if answer is not None and answer.seq == ticket.seq and answer.hold is not None:
+            answer.hold.set()
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _stt_pending(self) -> bool:
         return self._transcribing or not self._utterances.empty()
 
@@ -565,7 +771,10 @@ class DuplexSession:
             self._transcribing = True
             try:
                 async with asyncio.timeout(self.options.stt_timeout_s):
-                    text = (await self._stt(utterance.pcm)).strip()
+                    if utterance.words is not None:
+                        text = (await utterance.words).strip()
+                    else:
+                        text = (await self._stt(utterance.pcm)).strip()
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - one utterance lost, not the session
@@ -624,7 +833,9 @@ class DuplexSession:
         )
 
     def _open_answer(self, seq: int) -> _Answer:
-        answer = _Answer(seq, self.options.early_first_clause_chars)
+        answer = _Answer(
+            seq, self.options.early_first_clause_chars, held=seq == self._held_seq
+        )
         self._answer = answer
         answer.task = asyncio.get_running_loop().create_task(
             self._speak(answer), name=f"rtvoice duplex answer {seq}"
@@ -654,8 +865,11 @@ class DuplexSession:
 
     async def _speak(self, answer: _Answer) -> None:
         while (sentence := await self._next_sentence(answer)) is not None:
+            if answer.hold is not None and answer.synthesised:
+                await answer.hold.wait()  # held: only the first sentence ahead
             self._acknowledge_progress(answer)
             await self._synthesise(answer, sentence)
+            answer.synthesised = True
         self.player.finish()
         await self.player.played()
         if self._answer is not answer:
@@ -686,6 +900,7 @@ class DuplexSession:
 
     async def _synthesise(self, answer: _Answer, sentence: Sentence) -> None:
         started = False
+        ahead: list[bytes] = []  # synthesised while held, not played yet
         try:
             chunks = self._tts(sentence.text)
             async with _closing(chunks):
@@ -696,13 +911,17 @@ class DuplexSession:
                         break
                     if not chunk:
                         continue
-                    position = self.player.enqueue(chunk)
-                    if not started:
-                        started = True
-                        answer.ledger.add(sentence, position)
-                        if self.state is SessionState.LISTENING:
-                            self._set_state(SessionState.SPEAKING)
-                    answer.ledger.extend(self.player.enqueued_bytes)
+                    if answer.hold is not None and not answer.hold.is_set():
+                        ahead.append(chunk)
+                        continue
+                    for piece in (*ahead, chunk):
+                        started = self._play(answer, sentence, piece, started)
+                    ahead.clear()
+            if ahead:
+                assert answer.hold is not None
+                await answer.hold.wait()
+                for piece in ahead:
+                    started = self._play(answer, sentence, piece, started)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - one sentence lost, not the answer
@@ -712,6 +931,18 @@ class DuplexSession:
             )
             if not started:
                 answer.ledger.skip(sentence)
+
+    def _play(
+        self, answer: _Answer, sentence: Sentence, chunk: bytes, started: bool
+    ) -> bool:
+        """Queue one chunk of the sentence's audio; True once the sentence started."""
+        position = self.player.enqueue(chunk)
+        if not started:
+            answer.ledger.add(sentence, position)
+            if self.state is SessionState.LISTENING:
+                self._set_state(SessionState.SPEAKING)
+        answer.ledger.extend(self.player.enqueued_bytes)
+        return True
 
     def _acknowledge_progress(self, answer: _Answer) -> None:
         heard = answer.ledger.heard_chars(self.player.played_bytes())

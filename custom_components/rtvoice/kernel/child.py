@@ -22,6 +22,7 @@ from .bounds import (
     DEFAULT_MAX_TOOL_TURNS,
 )
 from .context import (
+    estimate_tokens,
     joined,
     joins,
     message_tokens,
@@ -90,6 +91,12 @@ class ChildStats:
     state: str = ChildState.IDLE
     first_delta_ms: float | None = None  # last round: input pushed -> first delta
     messages: int = 0
+    # Speculation (Kernel.push(speculative=True)): inputs pushed held, those never
+    # confirmed (no history, no tool), and what the preempted ones cost.
+    speculative_inputs: int = 0
+    preempted_rounds: int = 0
+    preempted_requests: int = 0
+    preempted_tokens: int = 0
 
 
 class Round:
@@ -97,6 +104,7 @@ class Round:
 
     __slots__ = (
         "call_start",
+        "confirmed",
         "delivered",
         "delivery_final",
         "emitted",
@@ -110,7 +118,10 @@ class Round:
         "model_called",
         "pushed_at",
         "replied",
+        "request_tokens",
+        "requests",
         "seq",
+        "speculative",
         "status",
         "tail_index",
         "tail_start",
@@ -148,6 +159,11 @@ class Round:
         self.tail_start: int | None = None  # its last text-only model call (chars)
         self.tail_index: int | None = None  # that call's message in the history
         self.replied = False  # record_reply was used
+        # Held until confirmed: no tool call, no commit, nothing the user hears.
+        self.speculative = pending.speculative
+        self.confirmed = asyncio.Event() if pending.speculative else None
+        self.requests = 0  # model calls made
+        self.request_tokens = 0  # their estimated prompt tokens
 
     def consume_call(self) -> None:
         """Mark the current model call's text as committed (never commit it twice)."""
@@ -185,6 +201,10 @@ class Child:
         self.failed_rounds = 0
         self.tool_calls = 0
         self.first_delta_ms: float | None = None
+        self.speculative_inputs = 0
+        self.preempted_rounds = 0
+        self.preempted_requests = 0
+        self.preempted_tokens = 0
         self.teardown: asyncio.Task[int] | None = None  # the one stop/close
         self.close_requested = False
         self.carry: list[tuple[int, str]] = []  # superseded inputs to carry over
@@ -264,6 +284,13 @@ class Child:
             return "".join(rnd.turn_text)
         return "".join(rnd.emitted)[rnd.call_start : heard]
 
+    def input_text(self, rnd: Round) -> str:
+        """Return the round's input as ``commit_input`` will commit it (no commit)."""
+        carried = sorted(c for c in self.carry if c[0] < rnd.seq)
+        if not carried:
+            return rnd.text
+        return " ".join([*(t for _, t in carried), rnd.text])
+
     def commit_input(self, rnd: Round) -> None:
         """Commit the round's input, after the inputs it carries over (seq order)."""
         text = rnd.text
@@ -330,6 +357,18 @@ class Child:
     def end_cut(self, rnd: Round) -> None:
         """Settle a round ended by a newer input, interrupt() or stop."""
         error = "stopped" if self.stopped else None
+        if rnd.speculative:  # never confirmed: as if never said
+            rnd.finished = True
+            if self.stopped:
+                self.settle(rnd.seq, rnd.future, Outcome("interrupted", error=error))
+                return
+            self.preempted_rounds += 1
+            self.preempted_requests += rnd.requests
+            self.preempted_tokens += rnd.request_tokens + sum(
+                estimate_tokens(d) for d in rnd.emitted
+            )
+            self.settle(rnd.seq, rnd.future, Outcome("superseded"))
+            return
         if not rnd.model_called and (rnd.withdrawn or not rnd.interrupt_requested):
             # The input never reached the model: superseded, nothing committed.
             rnd.finished = True
@@ -354,6 +393,11 @@ class Child:
 
     def end_failed(self, rnd: Round, message: str, error_type: str) -> None:
         """Settle a failed round: never the unheard partial (DESIGN 4.4)."""
+        if rnd.speculative:  # never confirmed: nothing to commit, nothing was heard
+            rnd.finished = True
+            self.failed_rounds += 1
+            self.settle(rnd.seq, rnd.future, Outcome("failed", "", message, error_type))
+            return
         if not rnd.model_called:
             self.commit_input(rnd)
         self.commit_partial(rnd)
@@ -364,6 +408,13 @@ class Child:
             rnd.future,
             Outcome("failed", self.heard_text(rnd), message, error_type),
         )
+
+    def preempt_pending(
+        self, given: PendingInput, future: asyncio.Future[Outcome] | None
+    ) -> None:
+        """Settle a speculative input voided in the slot: never carried over."""
+        self.preempted_rounds += 1
+        self.settle(given.seq, future, Outcome("superseded"))
 
     def supersede(
         self,

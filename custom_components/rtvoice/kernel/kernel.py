@@ -255,23 +255,57 @@ class Kernel:
         )
         return options.id
 
-    def push(self, child_id: str, text: str) -> Ticket:
+    def push(self, child_id: str, text: str, *, speculative: bool = False) -> Ticket:
         """Make ``text`` the newest input of a child; never blocks.
 
         The running round is cancelled at once unless a tool is running; then the
         cancel is suppressed (counted) and the round ends at its next check.
+
+        ``speculative=True``: the words may not be the whole turn yet. The round
+        runs (its deltas reach the output handler, which must not play them yet)
+        but commits nothing and calls no tool until ``confirm(seq)``: at its first
+        tool call, or when its model call ends, it waits. Cut before that (a newer
+        push, ``interrupt``, ``withdraw``), it is *preempted*: settled
+        ``superseded``, nothing in the history, never carried over, its requests
+        and tokens counted (``ChildStats.preempted_*``).
         """
         child = self._live(child_id)
         if not text or not text.strip():
             raise KernelError("input text is empty")
-        seq, voided = child.slot.push(text)
+        seq, voided = child.slot.push(text, speculative=speculative)
+        child.speculative_inputs += speculative
         future: asyncio.Future[Outcome] = child.loop.create_future()
         child.tickets[seq] = future
         if voided is not None:
             voided_future = child.tickets.pop(voided.seq, None)
-            child.supersede(voided, voided_future, carried_into=seq)
+            if voided.speculative:
+                child.preempt_pending(voided, voided_future)
+            else:
+                child.supersede(voided, voided_future, carried_into=seq)
         self._cut_round(child)
         return Ticket(seq, future)
+
+    def confirm(self, child_id: str, seq: int) -> bool:
+        """Confirm the speculative input ``seq``: its round goes on as an ordinary one.
+
+        Its input is committed now (if its model call has started), a tool call or
+        the end it waits at goes ahead. True when ``seq`` is (now) confirmed; False
+        when it is unknown, preempted or already ended (e.g. failed): the caller
+        pushes the words again.
+        """
+        child = self._live(child_id)
+        if child.slot.confirm(seq):
+            return True
+        rnd = child.round
+        if rnd is None or rnd.seq != seq or rnd.finished:
+            return False
+        if rnd.speculative:
+            rnd.speculative = False
+            if rnd.model_called:
+                child.commit_input(rnd)
+            assert rnd.confirmed is not None
+            rnd.confirmed.set()
+        return True
 
     def interrupt(self, child_id: str) -> bool:
         """Cancel the running round without new input (tools still complete)."""
@@ -295,7 +329,10 @@ class Kernel:
         voided = child.slot.withdraw(seq)
         if voided is not None:
             future = child.tickets.pop(seq, None)
-            child.supersede(voided, future, carried_into=None)
+            if voided.speculative:
+                child.preempt_pending(voided, future)
+            else:
+                child.supersede(voided, future, carried_into=None)
             _LOGGER.debug("Child %s: input %s withdrawn from the slot", child_id, seq)
             return True
         rnd = child.round
@@ -542,6 +579,10 @@ class Kernel:
             state=child.state,
             first_delta_ms=child.first_delta_ms,
             messages=len(child.history),
+            speculative_inputs=child.speculative_inputs,
+            preempted_rounds=child.preempted_rounds,
+            preempted_requests=child.preempted_requests,
+            preempted_tokens=child.preempted_tokens,
         )
 
     def transcript(self, child_id: str) -> list[Message] | None:
@@ -646,9 +687,12 @@ class Kernel:
                 return
             if not rnd.model_called:
                 rnd.model_called = True
-                child.commit_input(rnd)
+                if not rnd.speculative:  # held: committed by confirm()
+                    child.commit_input(rnd)
             limit_reached = max_turns <= turns
             text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
+            if rnd.confirmed is not None:
+                await rnd.confirmed.wait()  # no tool, no commit while held
             if not calls:
                 child.commit_answer(rnd, text)
                 child.end_completed(rnd)
@@ -682,11 +726,21 @@ class Kernel:
         sections = self.prompts.render(options.prompt_scope) if self.prompts else ""
         return f"{base}\n\n{sections}" if sections else base
 
-    def _request_messages(self, child: Child) -> list[Message]:
+    def _request_messages(
+        self, child: Child, rnd: Round | None = None
+    ) -> list[Message]:
         system = Message("system", self._system_prompt(child.options))
         messages = [system, *child.shown_history()]
+        tokens = message_tokens(system) + child.history_tokens
+        if rnd is not None:
+            if rnd.speculative:  # its input is not in the history until confirmed
+                held = Message("user", child.input_text(rnd))
+                messages.append(held)
+                tokens += message_tokens(held)
+            rnd.requests += 1
+            rnd.request_tokens += tokens
         window = child.options.context_window
-        if message_tokens(system) + child.history_tokens > window:
+        if tokens > window:
             messages = trim_to_window(messages, window)  # whole groups, a new list
         return drop_unpaired_tool_calls(messages)
 
@@ -694,7 +748,7 @@ class Kernel:
         self, child: Child, rnd: Round, tools: list[ToolSpec]
     ) -> tuple[str, list[ToolCall]]:
         handler = self.channels.output_handler(child.options.output)
-        messages = self._request_messages(child)
+        messages = self._request_messages(child, rnd)
         calls: list[ToolCall] = []
         rnd.turn_text = []
         rnd.call_start = rnd.emitted_len

@@ -14,6 +14,7 @@ class PendingInput:
     text: str
     seq: int
     pushed_at: float
+    speculative: bool = False  # answered but held until confirmed (Kernel.confirm)
 
 
 class LatestSlot:
@@ -31,13 +32,17 @@ class LatestSlot:
         self._pending: PendingInput | None = None
         self.wake = asyncio.Event()
 
-    def push(self, text: str) -> tuple[int, PendingInput | None]:
+    def push(
+        self, text: str, *, speculative: bool = False
+    ) -> tuple[int, PendingInput | None]:
         """Store ``text`` as the newest input; return its seq and the voided input."""
         voided = self._pending
         if voided is not None:
             self.dropped += 1
         self.seq += 1
-        self._pending = PendingInput(text, self.seq, time.perf_counter())
+        self._pending = PendingInput(
+            text, self.seq, time.perf_counter(), speculative=speculative
+        )
         self.wake.set()
         return self.seq, voided
 
@@ -57,6 +62,14 @@ class LatestSlot:
         self.wake.clear()
         self.dropped += 1
         return pending
+
+    def confirm(self, seq: int) -> bool:
+        """Make the pending input ``seq`` an ordinary one; False if it is not pending."""
+        pending = self._pending
+        if pending is None or pending.seq != seq:
+            return False
+        pending.speculative = False
+        return True
 
     @property
     def pending(self) -> bool:

@@ -1,0 +1,399 @@
+"""Speculative inputs (issue 18 §2): answered early, held until confirmed.
+
+``push(speculative=True)`` runs the round (its deltas reach the output handler) but
+commits nothing and calls no tool until ``confirm``; cut before that it is
+preempted: no history, no carry-over, its requests and tokens counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+import itertools
+from typing import Literal
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from custom_components.rtvoice.kernel import Ticket, drop_unpaired_tool_calls
+from tests.kernel.fakes import (
+    Mark,
+    Rig,
+    ScriptedProvider,
+    ScriptedToolRunner,
+    Text,
+    ToolBehaviour,
+    Tools,
+    WaitFor,
+    call,
+    outcome,
+    yield_many,
+)
+
+
+def users(rig: Rig, child: str = "c") -> list[str]:
+    """Return the user messages of the child's history."""
+    return [m.content for m in rig.kernel.transcript(child) or [] if m.role == "user"]
+
+
+async def test_confirmed_speculation_commits_and_completes() -> None:
+    """Confirmed speculation commits and completes."""
+    provider = ScriptedProvider(default=[Text("It is on.")])
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c")
+        ticket = rig.kernel.push("c", "turn on the light", speculative=True)
+        await out.wait_text("It is on.")  # the round ran: its text reached the output
+        assert provider.calls[0].user_text == "turn on the light"
+        assert not ticket.outcome.done()  # held at its end: nothing committed yet
+        assert users(rig) == []
+        assert rig.kernel.confirm("c", ticket.seq)
+        result = await outcome(ticket)
+        assert result.status == "completed"
+        transcript = rig.kernel.transcript("c")
+        assert [(m.role, m.content) for m in transcript or []] == [
+            ("user", "turn on the light"),
+            ("assistant", "It is on."),
+        ]
+        stats = rig.kernel.stats("c")
+        assert stats is not None
+        assert (stats.speculative_inputs, stats.preempted_rounds) == (1, 0)
+        assert stats.preempted_requests == stats.preempted_tokens == 0
+
+
+async def test_confirmed_while_streaming_commits_the_input_in_order() -> None:
+    """Confirmed while streaming commits the input in order."""
+    gate = asyncio.Event()
+    streaming = asyncio.Event()
+    provider = ScriptedProvider(
+        default=[Text("One"), Mark(streaming), WaitFor(gate), Text(" two.")]
+    )
+    async with Rig(provider) as rig:
+        await rig.spawn("c")
+        ticket = rig.kernel.push("c", "count", speculative=True)
+        await streaming.wait()
+        assert rig.kernel.confirm("c", ticket.seq)
+        assert users(rig) == ["count"]  # committed at the confirmation
+        gate.set()
+        assert (await outcome(ticket)).status == "completed"
+        transcript = rig.kernel.transcript("c")
+        assert [m.role for m in transcript or []] == ["user", "assistant"]
+
+
+async def test_confirmed_before_the_round_starts_is_an_ordinary_input() -> None:
+    """Confirmed before the round starts is an ordinary input."""
+    gate = asyncio.Event()
+    provider = ScriptedProvider([WaitFor(gate), Text("first")], [Text("second")])
+    async with Rig(provider) as rig:
+        await rig.spawn("c")
+        tools = rig.kernel.push("c", "one")
+        await provider.wait_calls(1)
+        rig.kernel.interrupt("c")
+        ticket = rig.kernel.push("c", "two", speculative=True)
+        assert rig.kernel.confirm("c", ticket.seq)  # still in the slot
+        gate.set()
+        await outcome(tools)
+        assert (await outcome(ticket)).status == "completed"
+        assert users(rig)[-1] == "two"
+
+
+async def test_superseded_speculation_leaves_no_trace_and_is_counted() -> None:
+    """Superseded speculation leaves no trace and is counted."""
+    gate = asyncio.Event()
+    provider = ScriptedProvider(
+        [Text("It is"), WaitFor(gate), Text(" on.")], default=[Text("Both are on.")]
+    )
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c", delivery="acknowledged", carry_over=True)
+        first = rig.kernel.push("c", "turn on the light", speculative=True)
+        await out.wait_text("It is")
+        full = rig.kernel.push("c", "turn on the light and the fan")
+        preempted = await outcome(first)
+        assert preempted.status == "superseded"
+        assert preempted.carried_into is None
+        assert (await outcome(full)).status == "completed"
+        # Never carried over: the full utterance holds its words already.
+        assert provider.calls[1].user_text == "turn on the light and the fan"
+        assert users(rig) == ["turn on the light and the fan"]
+        stats = rig.kernel.stats("c")
+        assert stats is not None
+        assert stats.preempted_rounds == 1
+        assert stats.preempted_requests == 1
+        assert stats.preempted_tokens > 0
+        assert stats.interrupted_rounds == 0
+
+
+async def test_speculation_voided_in_the_slot_is_preempted_not_carried() -> None:
+    """Speculation voided in the slot is preempted not carried."""
+    gate = asyncio.Event()
+    tools = ScriptedToolRunner({"slow": ToolBehaviour(gate=gate)})
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "slow"))], [Text("done")], default=[Text("ok")]
+    )
+    async with Rig(provider, tools) as rig:
+        await rig.spawn("c", carry_over=True)
+        busy = rig.kernel.push("c", "run the tool")
+        await tools.wait_calls(1)
+        held = rig.kernel.push("c", "and then", speculative=True)  # waits in the slot
+        full = rig.kernel.push("c", "and then the lights")
+        assert (await outcome(held)).status == "superseded"
+        gate.set()
+        await outcome(busy)
+        await outcome(full)
+        assert "and then" not in users(rig)
+        assert users(rig)[-1] == "and then the lights"
+        stats = rig.kernel.stats("c")
+        assert stats is not None
+        assert stats.preempted_rounds == 1
+        assert stats.preempted_requests == 0  # it never reached the model
+
+
+async def test_a_tool_call_waits_for_the_confirmation() -> None:
+    """A tool call waits for the confirmation."""
+    tools = ScriptedToolRunner({"light": ToolBehaviour(result="on")})
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "light"), content="Turning it on. ")],
+        default=[Text("Done.")],
+    )
+    async with Rig(provider, tools) as rig:
+        out = await rig.spawn("c")
+        ticket = rig.kernel.push("c", "turn on the light", speculative=True)
+        await out.wait_text("Turning it on. ")
+        await yield_many(50)
+        assert tools.calls == []  # held: the device is not touched
+        assert rig.kernel.confirm("c", ticket.seq)
+        assert (await outcome(ticket)).status == "completed"
+        assert [c.name for c in tools.calls] == ["light"]
+        transcript = rig.kernel.transcript("c")
+        assert [m.role for m in transcript or []] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+
+
+async def test_a_held_tool_call_is_never_run_when_superseded() -> None:
+    """A held tool call is never run when superseded."""
+    tools = ScriptedToolRunner({"light": ToolBehaviour(result="on")})
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "light"))], default=[Text("Fan on.")]
+    )
+    async with Rig(provider, tools) as rig:
+        await rig.spawn("c")
+        held = rig.kernel.push("c", "turn on the light", speculative=True)
+        await provider.wait_calls(1)
+        await yield_many(20)
+        full = rig.kernel.push("c", "turn on the light fan")
+        assert (await outcome(held)).status == "superseded"
+        assert (await outcome(full)).status == "completed"
+        assert tools.calls == []
+        assert rig.kernel.stats("c").suppressed_cancels == 0  # type: ignore[union-attr]
+
+
+async def test_a_barge_in_during_speculation_preempts_it() -> None:
+    """A barge in during speculation preempts it."""
+    gate = asyncio.Event()
+    provider = ScriptedProvider(default=[Text("Sure"), WaitFor(gate)])
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c")
+        held = rig.kernel.push("c", "play", speculative=True)
+        await out.wait_text("Sure")
+        assert rig.kernel.interrupt("c")  # e.g. the wake word, or the session ending
+        assert (await outcome(held)).status == "superseded"
+        assert rig.kernel.transcript("c") == []
+        assert not rig.kernel.confirm("c", held.seq)  # too late: push the words again
+        assert rig.kernel.stats("c").preempted_rounds == 1  # type: ignore[union-attr]
+
+
+async def test_withdrawn_speculation_is_preempted() -> None:
+    """Withdrawn speculation is preempted."""
+    gate = asyncio.Event()
+    provider = ScriptedProvider(default=[Text("Sure"), WaitFor(gate)])
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c")
+        held = rig.kernel.push("c", "play", speculative=True)
+        await out.wait_text("Sure")
+        assert rig.kernel.withdraw("c", held.seq)
+        assert (await outcome(held)).status == "superseded"
+        assert rig.kernel.transcript("c") == []
+
+
+async def test_a_stop_during_speculation_settles_it_stopped() -> None:
+    """A stop during speculation settles it stopped."""
+    gate = asyncio.Event()
+    provider = ScriptedProvider(default=[Text("Sure"), WaitFor(gate)])
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c")
+        held = rig.kernel.push("c", "play", speculative=True)
+        await out.wait_text("Sure")
+        await rig.kernel.stop("c")
+        result = await outcome(held)
+        assert (result.status, result.error) == ("interrupted", "stopped")
+        assert not rig.kernel.transcript("c")  # nothing kept (a stopped child: None)
+
+
+async def test_a_failed_speculation_commits_nothing() -> None:
+    """A failed speculation commits nothing."""
+    provider = ScriptedProvider(default=[Text("Sure")])
+    provider.fail_on_call = RuntimeError("upstream down")
+    async with Rig(provider) as rig:
+        await rig.spawn("c")
+        held = rig.kernel.push("c", "play", speculative=True)
+        assert (await outcome(held)).status == "failed"
+        assert rig.kernel.transcript("c") == []
+        assert not rig.kernel.confirm("c", held.seq)
+
+
+# ------------------------------------------------------------ property: interleavings
+
+Action = (
+    tuple[Literal["speculate"], int]
+    | tuple[Literal["confirm"], int]
+    | tuple[Literal["push"], int]
+    | tuple[Literal["interrupt"], int]
+    | tuple[Literal["release"], int]
+    | tuple[Literal["stop"], int]
+)
+actions = st.one_of(
+    st.tuples(st.just("speculate"), st.integers(0, 6)),
+    st.tuples(st.just("confirm"), st.integers(0, 6)),
+    st.tuples(st.just("push"), st.integers(0, 6)),
+    st.tuples(st.just("interrupt"), st.integers(0, 6)),
+    st.tuples(st.just("release"), st.integers(0, 6)),
+    st.tuples(st.just("stop"), st.integers(0, 6)),
+)
+
+
+@dataclass
+class Pushed:
+    """One input of the plan."""
+
+    text: str
+    ticket: Ticket
+    speculative: bool
+    confirmed: bool = False
+
+
+@dataclass
+class World:
+    """Scripts: text, a gate, sometimes a tool call."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    ids: itertools.count[int] = field(default_factory=itertools.count)
+    tool_every: int = 2
+
+    def script(self, record):
+        """Text behind a gate, or (every ``tool_every``-th call) a tool call."""
+        n = next(self.ids)
+        if n % self.tool_every == 0 and not any(
+            m.role == "tool" for m in record.messages
+        ):
+            return [
+                Text("Let me. "),
+                WaitFor(self.gate),
+                Tools.of(call(f"t{n}", "dev")),
+            ]
+        return [Text("Fine"), WaitFor(self.gate), Text(".")]
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(plan=st.lists(actions, min_size=1, max_size=12), tool_every=st.integers(1, 3))
+async def test_interleavings_of_speculation_keep_the_invariants(
+    plan: list[Action], tool_every: int
+) -> None:
+    """Speculate, confirm, supersede, barge-in (interrupt) and stop in any order.
+
+    Invariants: every ticket settles; the history is paired and holds exactly the
+    inputs that were ordinary or confirmed and reached the model; no tool ran for
+    a round that was speculative when its tool call came; every speculative input
+    never confirmed ends superseded (or stopped), and is counted as preempted.
+    """
+    world = World(tool_every=tool_every)
+    tools_ran: list[str] = []
+    held_at_tool: list[bool] = []
+    rig_box: list[Rig] = []
+
+    class Runner(ScriptedToolRunner):
+        async def call(self, tool_call):
+            rnd = rig_box[0].kernel._children["c"].round  # noqa: SLF001
+            held_at_tool.append(rnd is not None and rnd.speculative)
+            tools_ran.append(tool_call.id)
+            return await super().call(tool_call)
+
+    provider = ScriptedProvider(default=world.script)
+    tools = Runner({"dev": ToolBehaviour(result="ok")})
+    pushed: list[Pushed] = []
+    async with Rig(provider, tools) as rig:
+        rig_box.append(rig)
+        await rig.spawn("c")
+        child = rig.kernel._children["c"]  # noqa: SLF001 - its counters after a close
+        stopped = False
+        for index, (kind, value) in enumerate(plan):
+            if stopped:
+                break
+            if kind in ("speculate", "push"):
+                text = f"u{index}"
+                ticket = rig.kernel.push("c", text, speculative=kind == "speculate")
+                pushed.append(Pushed(text, ticket, kind == "speculate"))
+            elif kind == "confirm" and pushed:
+                target = pushed[-1]
+                if target.speculative and rig.kernel.confirm("c", target.ticket.seq):
+                    target.confirmed = True
+            elif kind == "interrupt":
+                rig.kernel.interrupt("c")
+            elif kind == "release":
+                world.gate.set()
+                world.gate = asyncio.Event()
+            elif kind == "stop":
+                await rig.kernel.close("c")  # a stop that keeps the transcript
+                stopped = True
+            await yield_many(value)
+        if not stopped:
+            # Confirm nothing more; let everything run out.
+            world.gate.set()
+            world.gate = asyncio.Event()
+            gate_opener = asyncio.get_running_loop().create_task(_open_gates(world))
+            try:
+                # A speculation never confirmed waits for ever (only the last
+                # input can be one): its caller takes it back.
+                last = pushed[-1] if pushed else None
+                if last is not None and last.speculative and not last.confirmed:
+                    rig.kernel.withdraw("c", last.ticket.seq)
+                for item in pushed:
+                    await outcome(item.ticket)
+            finally:
+                gate_opener.cancel()
+        history = rig.kernel.transcript("c") or []
+
+    assert not any(held_at_tool)
+    assert drop_unpaired_tool_calls(history) is history
+    committed = [m.content for m in history if m.role == "user"]
+    allowed = {p.text for p in pushed if not p.speculative or p.confirmed}
+    assert set(committed) <= allowed
+    order = [p.text for p in pushed]
+    assert committed == sorted(committed, key=order.index)
+    preempted = 0
+    for item in pushed:
+        result = item.ticket.outcome.result()
+        if item.speculative and not item.confirmed:
+            assert item.text not in committed
+            assert result.status in ("superseded", "interrupted")
+            if result.status == "interrupted":
+                assert result.error == "stopped"
+            else:
+                preempted += 1
+        if result.status == "completed":
+            assert item.text in committed
+    assert child.preempted_rounds == preempted
+
+
+async def _open_gates(world: World) -> None:
+    """Keep releasing the scripts' gates while the plan runs out."""
+    while True:
+        world.gate.set()
+        world.gate = asyncio.Event()
+        await asyncio.sleep(0)
