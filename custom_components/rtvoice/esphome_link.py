@@ -7,10 +7,11 @@ turns each device-initiated start (the wake word) into a ``DuplexConversation``:
 
 - the start is answered with port 0 (mic audio over the API connection);
 - every mic chunk goes into the session, answer frames go to the device through
-  an ``AnswerOutput`` chosen at connect time: raw API audio
-  (``send_voice_assistant_audio``, ``ApiAudioOutput``) on firmware that plays it
-  (ESPHome ≥ 2026.9, or a plain speaker), else a media-player announcement of a
-  live HTTP stream served by HA (``duplex_stream.MediaStreamOutput``);
+  an ``AnswerOutput`` chosen at connect time by the SPEAKER feature flag alone:
+  raw API audio (``send_voice_assistant_audio``, ``ApiAudioOutput``) when the voice
+  assistant has a ``speaker:`` (the firmware's ``on_audio`` plays only into that
+  speaker, on every version), else a media-player announcement of a live HTTP
+  stream served by HA (``duplex_stream.MediaStreamOutput``);
 - while a session lives the link never sends an event that ends the mic stream
   (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
   ``tts_start_streaming``); when the session ends by silence it sends RUN_END and
@@ -62,7 +63,6 @@ _LOGGER = logging.getLogger(__name__)
 
 CLIENT_INFO = "Home Assistant Realtime Voice"
 API_AUDIO_PORT = 0  # answer a start with port 0: audio over the API connection
-API_AUDIO_FIRMWARE = (2026, 9)  # plays raw API audio while the mic streams
 MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (5 s)
 ANNOUNCE_TIMEOUT = 15 * 60.0  # seconds an announcement may play (HA's esphome: same)
 CONFIG_TIMEOUT = 10.0  # seconds for the voice assistant configuration to come back
@@ -192,23 +192,19 @@ _PLAYING = (SessionState.SPEAKING, SessionState.RESUMING)
 
 
 def plays_api_audio(info: DeviceInfo, api_version: Any) -> bool:
-    """Return True when the firmware plays raw API audio while the mic streams."""
-    if _version(info.esphome_version) >= API_AUDIO_FIRMWARE:
-        return True
+    """Return True when the voice assistant plays raw API audio: the SPEAKER flag.
+
+    ESPHome's ``VoiceAssistant::on_audio`` (``voice_assistant.cpp``) copies API
+    audio only into its ``speaker_``; a voice assistant with a ``media_player:``
+    (the two exclude each other) drops it, whatever the firmware version.
+    ``get_feature_flags()`` sets SPEAKER exactly when ``speaker_`` is set.
+    """
     flags = (
         info.voice_assistant_feature_flags_compat(api_version)
         if api_version is not None
         else info.voice_assistant_feature_flags
     )
     return bool(flags & VoiceAssistantFeature.SPEAKER)
-
-
-def _version(version: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for part in version.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 class EsphomeLink:
@@ -614,8 +610,8 @@ class EsphomeLink:
                 )
                 return
         _LOGGER.warning(
-            "ESPHome satellite %s (ESPHome %s) has no media player: answers are sent"
-            " as raw audio, which firmware before 2026.9 does not play",
+            "ESPHome satellite %s (ESPHome %s) has neither a voice assistant speaker"
+            " nor a media player: answers are sent as raw audio it will not play",
             self.name,
             info.esphome_version,
         )

@@ -1,8 +1,9 @@
-"""Duplex answers on firmware before 2026.9: a media-player announcement of a live stream.
+"""Duplex answers on a media-player satellite: an announcement of a live stream.
 
-The emulated Voice PE (ESPHome 2025.4, a media player, no speaker flag) does not play
-raw API audio; the link sees that at connect time and plays each answer as an
-announcement of an HTTP stream. An aiohttp server on 127.0.0.1 stands in for Home
+A voice assistant with a ``media_player:`` (Voice PE's stock firmware: no SPEAKER
+flag) drops raw API audio on every ESPHome version (``VoiceAssistant::on_audio``
+plays only into a ``speaker:``); the link sees the flag at connect time and plays
+each answer as an announcement of an HTTP stream. An aiohttp server on 127.0.0.1 stands in for Home
 Assistant's HTTP app and serves the link's ``StreamRegistry`` with the same handler
 HA's view uses. Everything else is real (aioesphomeapi, the openai SDK against the
 loopback peer, the Wyoming speech servers). The device's media player fetches the
@@ -45,7 +46,7 @@ from tests.peers.esphome.speaker import Playback
 from tests.peers.openai_server import DEFAULT_MODEL, OpenAIPeer, Text
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
-OLD_FIRMWARE = "2025.4.0"  # Voice PE's media player; raw API audio is not played
+OLD_FIRMWARE = "2025.4.0"  # Voice PE with a media player: raw API audio is not played
 
 pytestmark = pytest.mark.usefixtures("socket_enabled", "clip")
 
@@ -328,14 +329,13 @@ async def test_a_cough_pauses_and_the_same_stream_resumes(clip) -> None:
         ]
 
 
-async def test_firmware_2026_9_keeps_raw_api_audio(clip) -> None:
-    """A media player on 2026.9 firmware: answers still go as raw API audio."""
-    async with rig(esphome_version="2026.9.0") as r:
-        assert r.link.media_player_key is None
+async def test_a_media_player_gets_announcements_on_every_version(clip) -> None:
+    """A media player on 2026.10 firmware: the flag, not the version, decides."""
+    async with rig(esphome_version="2026.10.0") as r:
+        assert r.link.media_player_key is not None
         r.peer.enqueue(Text("The kitchen lights are on."))
         await r.wake_and_say(clip(ASK))
-        speaking = await r.states.wait_for(SessionState.SPEAKING)
-        await r.states.wait_for(SessionState.LISTENING, speaking)
+        playback = await r.wait_played(1)
         await r.device.wait_for_event(EventType.RUN_END)
-        assert r.announcements() == []
-        assert api_audio_bytes(r.device) > 0
+        assert playback.status == 200 and playback.error is None
+        assert api_audio_bytes(r.device) == 0

@@ -125,8 +125,13 @@ class DeviceConfig:
 
     @property
     def plays_api_audio(self) -> bool:
-        """Whether raw API speaker audio reaches the speaker on this firmware."""
-        return bool(self.features & Feature.SPEAKER) or self.version >= (2026, 9)
+        """Whether raw API speaker audio reaches a speaker: only with SPEAKER.
+
+        ``VoiceAssistant::on_audio`` (``voice_assistant.cpp``) copies API audio into
+        ``speaker_buffer_`` only when the voice assistant has a ``speaker_``; with a
+        ``media_player:`` it is dropped on every version.
+        """
+        return bool(self.features & Feature.SPEAKER)
 
     @property
     def uses_media_player(self) -> bool:
