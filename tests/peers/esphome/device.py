@@ -18,6 +18,7 @@ from aioesphomeapi import api_pb2
 import aiohttp
 from google.protobuf.message import Message
 
+from . import profiles
 from .config import DeviceConfig
 from .connection import (
     MEDIA_IDLE,
@@ -28,6 +29,7 @@ from .connection import (
     object_id,
 )
 from .framing import generate_psk
+from .i2s import SpeakerPath
 from .record import Entry, Kind, Record
 from .runs import EventType, Interrupt, Run, State
 from .speaker import Playback, Speaker
@@ -42,9 +44,16 @@ class EmulatedDevice:
         config: DeviceConfig | None = None,
         *,
         encrypted: bool = False,
+        profile: str | None = None,
         **overrides: Any,
     ) -> None:
-        """Configure; ``encrypted=True`` generates a Noise key unless one is given."""
+        """Configure; ``encrypted=True`` generates a Noise key unless one is given.
+
+        ``profile`` starts from a device profile (``profiles.PROFILES``) instead of
+        ``config``.
+        """
+        if profile is not None:
+            config = profiles.profile(profile)
         config = replace(config or DeviceConfig(), **overrides)
         if encrypted and config.encryption_key is None:
             config = replace(config, encryption_key=generate_psk())
@@ -182,6 +191,11 @@ class EmulatedDevice:
         return self.voice.playbacks
 
     @property
+    def loudspeaker(self) -> SpeakerPath | None:
+        """The firmware speaker path (``DeviceConfig.firmware_speaker``): what was heard."""
+        return self.voice.speaker_path
+
+    @property
     def conversation_id(self) -> str:
         """Conversation id the next run will send."""
         return self.voice.conversation_id
@@ -189,8 +203,7 @@ class EmulatedDevice:
     def device_info(self) -> api_pb2.DeviceInfoResponse:
         """``DeviceInfoResponse`` for this configuration."""
         config = self.config
-        return api_pb2.DeviceInfoResponse(
-            uses_password=False,
+        info = api_pb2.DeviceInfoResponse(
             name=config.name,
             friendly_name=config.friendly_name,
             mac_address=config.mac_address,
@@ -201,9 +214,12 @@ class EmulatedDevice:
             project_name=config.project_name,
             project_version=config.project_version,
             suggested_area=config.suggested_area,
-            legacy_voice_assistant_version=2 if config.features else 0,
             voice_assistant_feature_flags=int(config.features),
         )
+        if config.legacy_device_info:  # gone from ESPHome 2026.x's DeviceInfoResponse
+            info.uses_password = False
+            info.legacy_voice_assistant_version = 2 if config.features else 0
+        return info
 
     def entity_listings(self) -> list[Message]:
         """``ListEntities*Response`` for the media player and the switches."""
