@@ -224,14 +224,14 @@ async def rig(
     **device_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start the peers, the device, the kernel and the link; tear all down."""
-    async with (
-        EmulatedDevice(
-            name="kitchen",
-            encrypted=True,
-            esphome_version=FIRMWARE,
-            features=ATOM_ECHO_FEATURES,
+    if "profile" not in device_options:  # a profile brings its own firmware
+        device_options = {
+            "esphome_version": FIRMWARE,
+            "features": ATOM_ECHO_FEATURES,
             **device_options,
-        ) as device,
+        }
+    async with (
+        EmulatedDevice(name="kitchen", encrypted=True, **device_options) as device,
         OpenAIPeer() as peer,
         WyomingSttServer(phrases=list(phrases)) as stt,
         WyomingTtsServer() as tts,

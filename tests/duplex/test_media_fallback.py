@@ -159,14 +159,14 @@ async def rig(
     **device_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start the peers, the old-firmware device, the stream server, the link."""
-    async with (
-        EmulatedDevice(
-            name="kitchen",
-            encrypted=True,
-            esphome_version=esphome_version,
-            features=VOICE_PE_FEATURES,
+    if "profile" not in device_options:  # a profile brings its own firmware
+        device_options = {
+            "esphome_version": esphome_version,
+            "features": VOICE_PE_FEATURES,
             **device_options,
-        ) as device,
+        }
+    async with (
+        EmulatedDevice(name="kitchen", encrypted=True, **device_options) as device,
         OpenAIPeer() as peer,
         WyomingSttServer(phrases=[ASK, ANSWER, STOP]) as stt,
         WyomingTtsServer() as tts,
@@ -339,3 +339,35 @@ async def test_a_media_player_gets_announcements_on_every_version(clip) -> None:
         await r.device.wait_for_event(EventType.RUN_END)
         assert playback.status == 200 and playback.error is None
         assert api_audio_bytes(r.device) == 0
+
+
+@pytest.mark.parametrize("profile", ["voice-pe-stock", "linux-voice-assistant"])
+async def test_media_player_profiles_full_turn_and_barge_in(clip, profile: str) -> None:
+    """Voice PE stock and linux-voice-assistant: announcements; the mic keeps streaming.
+
+    A full turn plays in full; speech over the next answer stops the media player.
+    """
+    async with rig(profile=profile) as r:
+        assert r.link.media_player_key is not None
+        r.peer.enqueue(Text("The kitchen lights are on."))
+        r.peer.enqueue(*(Text(part + ".") for part in LONG.split(".") if part))
+        child = await r.wake_and_say(clip(ASK))
+        first = await r.wait_played(1)
+        assert first.error is None and not first.stopped
+        r.device.say(clip(ASK), wake_word=None)
+        await r.peer.wait_for_request(2)
+        await r.states.wait_for(SessionState.SPEAKING, 2)
+        await r.playing()
+        mark = r.device.mark()
+        r.device.say(clip(STOP), wake_word=None)
+        cut = await r.wait_played(2)
+        assert cut.stopped
+        assert stop_commands(r.device, mark) >= 1
+        assert api_audio_bytes(r.device) == 0
+        assert [(m.role, m.interrupted) for m in r.history(child)][:4] == [
+            ("user", False),
+            ("assistant", False),
+            ("user", False),
+            ("assistant", True),
+        ]
+        assert mic_ending_events(r.device) == []

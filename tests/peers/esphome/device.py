@@ -336,6 +336,10 @@ class EmulatedDevice:
             self.voice.mic.queue(pcm)
         return run
 
+    def press_button(self) -> None:
+        """Press the board's button (``packages/voice.yaml`` ``on_button``: stop, then start)."""
+        self.voice.press_button()
+
     def end_utterance(self) -> None:
         """Send ``VoiceAssistantAudio(end=True)`` now (the run continues to STT end)."""
         self.voice.end_utterance()

@@ -121,6 +121,8 @@ class SpeakerPath:
         self.bus_busy = 0
         """Speaker starts refused with "Parent bus is busy"."""
         self.played: list[Played] = []
+        self.muted = False
+        """``speaker.mute_on``: the speaker runs and takes audio, nothing is heard."""
         self.starts = 0
         self.stops: list[tuple[float, str]] = []
         self._free_at = 0.0  # when the ring has emptied into the DMA
@@ -182,12 +184,14 @@ class SpeakerPath:
         leaves = max(self._free_at, now)  # when its first sample leaves the ring
         self._free_at = leaves + len(take) / BYTES_PER_S / self._speed
         heard = leaves + DMA_S / self._speed
+        self._arm_idle_stop()
+        if self.muted:
+            return len(take)
         last = self.played[-1] if self.played else None
         if last is not None and abs(last.end - heard) < 1e-6 and self._speed == 1.0:
             last.pcm += take
         else:
             self.played.append(Played(heard, bytearray(take)))
-        self._arm_idle_stop()
         return len(take)
 
     def start(self) -> None:
@@ -278,7 +282,10 @@ class SpeakerPath:
             if span.end <= since or span.at >= until:
                 continue
             first = max(0, int((since - span.at) * BYTES_PER_S * self._speed))
-            last = int((min(until, span.end) - span.at) * BYTES_PER_S * self._speed)
+            if until >= span.end:
+                last = len(span.pcm)
+            else:
+                last = int((until - span.at) * BYTES_PER_S * self._speed)
             out += span.pcm[first - first % 2 : last - last % 2]
         return bytes(out)
 

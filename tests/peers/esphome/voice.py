@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+import contextlib
 import logging
 from typing import Any
 
@@ -321,8 +322,20 @@ class VoiceAssistant:
             self._set_state(State.AWAITING_RESPONSE)
 
     def abort(self) -> None:
-        """``request_stop`` of the firmware: stop locally and signal the client."""
+        """``request_stop`` of the firmware: stop locally and signal the client.
+
+        With ``firmware_speaker`` as ``VoiceAssistant::request_stop`` has it for a
+        ``speaker:``: AWAITING_RESPONSE only signals the stop (the state waits for an
+        event, e.g. RUN_END), STREAMING_RESPONSE does nothing (the answer plays out).
+        """
         self.continue_conversation = False
+        if self.speaker_path is not None and self.state in (
+            State.AWAITING_RESPONSE,
+            State.STREAMING_RESPONSE,
+        ):
+            if self.state == State.AWAITING_RESPONSE:
+                self.signal_stop()
+            return
         if self.state in (State.STARTING_PIPELINE, State.STREAMING_MICROPHONE):
             self.signal_stop()
             self._stop_mic("aborted")
@@ -334,6 +347,37 @@ class VoiceAssistant:
             self._stop_playback()
         self._set_state(State.IDLE)
         self._end_run("aborted")
+
+    def press_button(self) -> None:
+        """Press the button, as ``packages/voice.yaml`` ``on_button`` is written (no timer).
+
+        ``end_run``: ``speaker.mute_on``, ``speaker.stop``, ``voice_assistant.stop``,
+        wait until the voice assistant is idle, wait (<= 1 s) for the speaker to
+        stop, ``speaker.mute_off``; then ``voice_assistant.start``.
+        """
+        self._spawn(self._on_button())
+
+    async def _on_button(self) -> None:
+        path = self.speaker_path
+        self._record.add(Kind.NOTE, what="button")
+        if self.state != State.IDLE:
+            if path is not None:
+                path.muted = True
+                path.stop("speaker.stop")
+            since = len(self._record)
+            self.abort()
+            if self.state != State.IDLE:
+                await self._record.wait_for(
+                    lambda e: e.kind is Kind.STATE and e.detail["state"] == State.IDLE,
+                    since,
+                )
+        if path is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0 / self._config.speed):
+                    await path.stopped.wait()
+            path.muted = False
+        if self.owner is not None and self.state == State.IDLE:
+            self.start(wake_word_phrase=None)
 
     # -- mic -------------------------------------------------------------------
 
