@@ -60,6 +60,7 @@ async def test_atom_echo_releases_the_mic_plays_the_answer_and_listens_again(
         heard = speaker.heard_pcm()
         assert speaker.dropped_bytes == 0 and speaker.bus_busy == 0
         assert heard_all(heard, sent)
+        assert len(heard) >= conversation.session.player.sent_bytes
         assert (await r.transcribe(heard)) == ANSWER
         # The same session goes on: words without a wake word are answered.
         r.device.say(clip(STOP), wake_word=None)
@@ -115,7 +116,7 @@ async def test_s3_duplex_full_turn_is_heard_in_full(clip) -> None:
         speaker = r.device.loudspeaker
         assert speaker is not None
         r.peer.enqueue(Text("The kitchen lights are on."))
-        await r.wake_and_say(clip(ASK))
+        conversation = await r.wake_and_say(clip(ASK))
         speaking = await r.states.wait_for(SessionState.SPEAKING)
         await r.states.wait_for(SessionState.LISTENING, speaking)
         await asyncio.wait_for(r.device.wait_for_event(EventType.RUN_END), SAFETY)
@@ -123,8 +124,10 @@ async def test_s3_duplex_full_turn_is_heard_in_full(clip) -> None:
         sent = r.answer_audio()
         heard = speaker.heard_pcm()
         assert speaker.dropped_bytes == 0
-        # The tail of silence pushed the answer out of the 16 KiB buffer.
+        # The tail of silence pushed the answer out of the 16 KiB buffer: every
+        # byte the player sent was heard (and some of the silence after it).
         assert heard_all(heard, sent)
+        assert len(heard) >= conversation.session.player.sent_bytes
         assert (await r.transcribe(heard)) == ANSWER
         assert r.device.runs[0].mic_stop_reason == "run_end"  # never before
 
