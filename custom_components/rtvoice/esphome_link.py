@@ -72,6 +72,8 @@ HALF_DUPLEX_PROJECT = ".half-duplex"  # packages/base.yaml: rtvoice.<half|full>-
 BUS_RELEASE_S = 0.25  # the mic and wake word let go of a shared I2S bus (assumed)
 TAIL_AFTER_S = 0.04  # no answer frame for this long: the answer's last frame was sent
 TAIL_FLUSH_MS = 200  # silence after it: pushes the firmware's buffer into the speaker
+PUSH_MS = 60  # silence at a pause: moves the rest of the buffer behind the ring
+KEEPALIVE_S = 0.3  # < the speaker's 500 ms idle stop (i2s_audio speaker ``timeout``)
 API_AUDIO_URL = "rtvoice:api-audio"  # TTS_END needs a URL; a speaker: never fetches it
 MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (5 s)
 ANNOUNCE_TIMEOUT = 15 * 60.0  # seconds an announcement may play (HA's esphome: same)
@@ -140,7 +142,19 @@ class ApiAudioOutput:
     ``TAIL_AFTER_S``) and at a cut the output sends ``TAIL_FLUSH_MS`` of silence at
     real-time pace, which pushes that audio out; a new frame ends the tail. Pause
     and resume send nothing: the device plays out what it holds.
+
+    The speaker stops itself after 500 ms without data (``timeout``), and a stopped
+    speaker refuses what arrives while it starts again (``play`` returns 0 until
+    it runs): those bytes wait in the buffer, so every restart during a
+    conversation would add its start latency to the delay for good, and the newest
+    part of every answer would wait there (the part a cut cannot stop). From the
+    session's start (``wake``: the speaker starts on silence, long before an
+    answer) until it ends (``idle``) the output therefore sends 10 ms of silence
+    whenever nothing was sent for ``KEEPALIVE_S``: the speaker never stops
+    mid-conversation and an answer finds it running.
     """
+
+    keepalive = True
 
     def __init__(self, link: EsphomeLink) -> None:
         """Send through ``link``'s current connection."""
@@ -148,19 +162,56 @@ class ApiAudioOutput:
         self._frame_bytes = 320
         self._timer: asyncio.TimerHandle | None = None
         self._tail: asyncio.Task[None] | None = None
+        self._alive: asyncio.TimerHandle | None = None
 
     async def send(self, frame: bytes) -> None:
         """Send one frame over the API connection (dropped when disconnected)."""
         self._end_tail()
         self._frame_bytes = len(frame) or self._frame_bytes
-        await self._link._send_audio(frame)  # noqa: SLF001 - the link's own output
+        await self._send(frame)
         self._timer = asyncio.get_running_loop().call_later(
             TAIL_AFTER_S, self._start_tail
         )
 
-    def pause(self) -> None:
-        """No frame follows (and no tail: the answer may resume)."""
+    def wake(self) -> None:
+        """Start the speaker on silence as a session starts, and keep it running."""
+        if self.keepalive and self._alive is None:
+            self._keep_alive()
+
+    def idle(self) -> None:
+        """Send nothing more: the session ended (the device frees its buffers)."""
         self._end_tail()
+        if self._alive is not None:
+            self._alive.cancel()
+            self._alive = None
+
+    async def _send(self, frame: bytes) -> None:
+        await self._link._send_audio(frame)  # noqa: SLF001 - the link's own output
+        if self.keepalive:
+            if self._alive is not None:
+                self._alive.cancel()
+            self._alive = asyncio.get_running_loop().call_later(
+                KEEPALIVE_S, self._keep_alive
+            )
+
+    def _keep_alive(self) -> None:
+        self._alive = None
+        if self._tail is None or self._tail.done():
+            self._tail = asyncio.get_running_loop().create_task(
+                self._send(bytes(self._frame_bytes)), name="rtvoice speaker keepalive"
+            )
+
+    def pause(self) -> None:
+        """No frame follows: ``PUSH_MS`` of silence push out what waits, no tail.
+
+        What waits in the buffer (the ring was full when the last frames came, about
+        one frame) then plays right after the ring, not at the next message; the
+        answer may resume.
+        """
+        self._end_tail()
+        self._tail = asyncio.get_running_loop().create_task(
+            self._send_tail(PUSH_MS), name="rtvoice api audio push"
+        )
 
     def resume(self) -> None:
         """Nothing to do: frames follow."""
@@ -174,14 +225,14 @@ class ApiAudioOutput:
         self._start_tail()
 
     async def aclose(self) -> None:
-        """End the tail."""
-        self._end_tail()
+        """End the tail and the keepalive."""
+        self.idle()
 
     def _start_tail(self) -> None:
         self._timer = None
         if self._tail is None or self._tail.done():
             self._tail = asyncio.get_running_loop().create_task(
-                self._send_tail(), name="rtvoice api audio tail"
+                self._send_tail(TAIL_FLUSH_MS), name="rtvoice api audio tail"
             )
 
     def _end_tail(self) -> None:
@@ -192,13 +243,13 @@ class ApiAudioOutput:
             self._tail.cancel()
             self._tail = None
 
-    async def _send_tail(self) -> None:
+    async def _send_tail(self, duration_ms: int) -> None:
         loop = asyncio.get_running_loop()
         silence = bytes(self._frame_bytes)
         frame_s = self._frame_bytes / (16000 * 2)
         start = loop.time()
-        for index in range(max(1, round(TAIL_FLUSH_MS / 1000 / frame_s))):
-            await self._link._send_audio(silence)  # noqa: SLF001
+        for index in range(max(1, round(duration_ms / 1000 / frame_s))):
+            await self._send(silence)
             await asyncio.sleep(max(0.0, start + (index + 1) * frame_s - loop.time()))
 
 
@@ -221,6 +272,8 @@ class HalfDuplexOutput(ApiAudioOutput):
     a new run, which the link takes as "listening again" (same session). A cut
     (``stop``: the device went away or the button) sends RUN_END only.
     """
+
+    keepalive = False  # the speaker must stop: it frees the bus for the mic
 
     def __init__(self, link: EsphomeLink) -> None:
         """Send through ``link``; it sends the events."""
@@ -305,6 +358,8 @@ class _FollowedOutput:
                     output.stop()
                 else:
                     output.finish()
+        if state is SessionState.ENDED and (idle := getattr(output, "idle", None)):
+            idle()
         if self._on_state is not None:
             self._on_state(state)
 
@@ -667,6 +722,9 @@ class EsphomeLink:
         """Tell the device its run started; feed the audio that came meanwhile."""
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_START, {})
+        output = self._outputs.get(conversation)
+        if (wake := getattr(output, "wake", None)) is not None:
+            wake()  # the device allocated its buffers at this start
         if early:
             conversation.session.feed_mic(early)
         if self._on_conversation is not None:
