@@ -158,6 +158,8 @@ class Chain:
     pause_to_silent: list[float] = field(default_factory=list)
     onset_to_pause: list[float] = field(default_factory=list)
     cut: int = 0
+    missed: int = 0  # utterances the VAD did not take as words (no cut)
+    stop_commands: list[float] = field(default_factory=list)  # onset -> STOP
     dropped: int = 0
 
 
@@ -200,7 +202,18 @@ async def barge_chain(profile: str, trials: int, seed: int) -> Chain:
                 for state, at in sat.states.seen[mark:cut]
                 if state is SessionState.PAUSED
             ]
-            await sat.states.wait_for(SessionState.SPEAKING, after=cut)
+            try:
+                await asyncio.wait_for(
+                    sat.states.wait_for(SessionState.SPEAKING, after=cut), 10.0
+                )
+            except TimeoutError:
+                # The VAD found no words (the pause resumed) and the answer ran
+                # out: not a barge-in. Ask again for a new answer.
+                chain.missed += 1
+                mark = sat.states.mark()
+                sat.mic.say(ask)
+                await sat.states.wait_for(SessionState.SPEAKING, after=mark)
+                continue
             if trial < 0 or spoken.onset_at is None:
                 continue
             chain.cut += 1
@@ -212,6 +225,19 @@ async def barge_chain(profile: str, trials: int, seed: int) -> Chain:
                     since,
                 )
                 silent = stop.at if stop is not None else None
+                cut_play = [
+                    p
+                    for p in sat.device.playbacks
+                    if p.source == "media_player" and p.stopped and p.ahead_bytes
+                ]
+                if silent is not None and cut_play and cut_play[-1].last_byte_at:
+                    # The stream stopped growing at the pause: the player ran dry
+                    # once what it had fetched was played (or at the STOP).
+                    chain.stop_commands.append(silent - spoken.onset_at)
+                    dry = cut_play[-1].last_byte_at + (
+                        cut_play[-1].ahead_bytes[-1] / BYTES_PER_S
+                    )
+                    silent = min(silent, dry)
             else:
                 speaker = sat.device.loudspeaker
                 assert speaker is not None
@@ -342,7 +368,8 @@ async def main(args: argparse.Namespace) -> None:
             Row(
                 "20 s3-duplex (vad, no echo): speech onset in the mic → the cut"
                 " answer's last sample leaves the loudspeaker (heard, device queue"
-                f" included), {chain.cut} barge-ins",
+                f" included), {chain.cut} barge-ins ({chain.missed} utterances the"
+                " VAD did not take as words)",
                 f"{ms(chain.onset_to_silent)}; onset → pause"
                 f" {ms(chain.onset_to_pause)}; pause → silent (what the device still"
                 f" played) {ms(chain.pause_to_silent)}; device dropped"
@@ -370,11 +397,12 @@ async def main(args: argparse.Namespace) -> None:
             show(
                 Row(
                     f"22 {profile} (announcement of the live stream, vad): speech"
-                    " onset → the media player's STOP at the device,"
-                    f" {chain.cut} barge-ins",
+                    " onset → the emulated player runs dry (the stream stops growing"
+                    f" at the pause), {chain.cut} barge-ins",
                     f"{ms(chain.onset_to_silent)}; onset → pause"
-                    f" {ms(chain.onset_to_pause)} (+ the real player's own buffers,"
-                    " not modelled)",
+                    f" {ms(chain.onset_to_pause)}; onset → the STOP command (words"
+                    f" confirmed) {ms(chain.stop_commands)}; + the real player's"
+                    " decoder and speaker buffers (not modelled)",
                     "—",
                 )
             )
@@ -398,7 +426,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--trials", type=int, default=50, help="row 20 barge-ins")
+    parser.add_argument("--trials", type=int, default=55, help="row 20 barge-ins")
     parser.add_argument("--media-trials", type=int, default=10, help="row 22")
     parser.add_argument("--quick", action="store_true", help="short runs")
     parser.add_argument("--only", help="comma-separated row numbers (20-23)")

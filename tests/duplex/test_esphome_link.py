@@ -1,6 +1,8 @@
 """Duplex mode end to end: the ESPHome link against real peers on 127.0.0.1.
 
-The emulated device (firmware 2026.9, a speaker: raw API audio plays) is driven by
+The emulated device (firmware 2026.9, a speaker on a bus of its own, i.e. full
+duplex: raw API audio plays; the boards people own, the shared-bus Atom Echo
+among them, are the profiles of ``test_esphome_profiles.py``) is driven by
 the real aioesphomeapi client inside ``EsphomeLink``; the kernel talks to the
 OpenAI-compatible peer through the real ``openai`` SDK; STT and TTS are the Wyoming
 speech servers (pocketsphinx, espeak-ng) bound through a ``wyoming`` client, as the
