@@ -318,7 +318,9 @@ def wire_device(
         original(message)
         if message.data:
             mic.hear_speaker(message.data)
-            if on_frame is not None:
+            # Answer frames only: the link also sends silence (speaker keepalive,
+            # the push at a pause, the tail after an answer).
+            if on_frame is not None and any(message.data):
                 on_frame(mic.loop.time())
 
     device.voice.on_audio = on_audio  # type: ignore[method-assign]

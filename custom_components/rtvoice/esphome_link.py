@@ -7,15 +7,20 @@ turns each device-initiated start (the wake word) into a ``DuplexConversation``:
 
 - the start is answered with port 0 (mic audio over the API connection);
 - every mic chunk goes into the session, answer frames go to the device through
-  an ``AnswerOutput`` chosen at connect time: raw API audio
-  (``send_voice_assistant_audio``, ``ApiAudioOutput``) on firmware that plays it
-  (ESPHome ≥ 2026.9, or a plain speaker), else a media-player announcement of a
-  live HTTP stream served by HA (``duplex_stream.MediaStreamOutput``);
+  an ``AnswerOutput`` chosen at connect time by the SPEAKER feature flag alone:
+  raw API audio (``send_voice_assistant_audio``, ``ApiAudioOutput``) when the voice
+  assistant has a ``speaker:`` (the firmware's ``on_audio`` plays only into that
+  speaker, on every version), else a media-player announcement of a live HTTP
+  stream served by HA (``duplex_stream.MediaStreamOutput``);
 - while a session lives the link never sends an event that ends the mic stream
   (STT_VAD_END, TTS_END, RUN_END, ERROR, INTENT_PROGRESS with
   ``tts_start_streaming``); when the session ends by silence it sends RUN_END and
   the device returns to wake-word listening, while the conversation (its kernel
   child, its history) stays for the binding's ``idle_timeout_s``;
+- on a board whose mic and speaker share one I2S bus (the project's half-duplex
+  firmware: project name ``rtvoice.half-duplex``) an answer cannot play while the
+  mic streams: ``HalfDuplexOutput`` releases the mic before the answer plays, and
+  once it played the device listens again by itself (see there);
 - a new start while a session lives is the wake word said again: the answer is cut
   (``wake_word_detected``) and the session goes on; a start while the conversation
   is idle opens a new session on the same child (the model sees the earlier turns);
@@ -78,6 +83,7 @@ from aioesphomeapi import (
 from aioesphomeapi.model import UserService
 
 from .duplex import DspWorker, SessionState, UtteranceSegmenter
+from .duplex.player import PacedPlayer
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 from .duplex_stream import MediaStreamOutput, StreamOpener
 
@@ -85,7 +91,13 @@ _LOGGER = logging.getLogger(__name__)
 
 CLIENT_INFO = "Home Assistant Realtime Voice"
 API_AUDIO_PORT = 0  # answer a start with port 0: audio over the API connection
-API_AUDIO_FIRMWARE = (2026, 9)  # plays raw API audio while the mic streams
+HALF_DUPLEX_PROJECT = ".half-duplex"  # packages/base.yaml: rtvoice.<half|full>-duplex
+BUS_RELEASE_S = 0.25  # the mic and wake word let go of a shared I2S bus (assumed)
+TAIL_AFTER_S = 0.04  # no answer frame for this long: the answer's last frame was sent
+TAIL_FLUSH_MS = 200  # silence after it: pushes the firmware's buffer into the speaker
+PUSH_MS = 60  # silence at a pause: moves the rest of the buffer behind the ring
+KEEPALIVE_S = 0.3  # < the speaker's 500 ms idle stop (i2s_audio speaker ``timeout``)
+API_AUDIO_URL = "rtvoice:api-audio"  # TTS_END needs a URL; a speaker: never fetches it
 MAX_EARLY_AUDIO = 16000 * 2 * 5  # mic audio kept while the conversation opens (5 s)
 # One VoiceAssistantAudio message: ESPHome sends 32-64 ms (1-2 KB); a bigger one is
 # dropped whole, so the loop's work per message stays small (a 32 MB message blocked
@@ -161,35 +173,196 @@ class AnswerOutput(Protocol):
 
 
 class ApiAudioOutput:
-    """Raw API audio (``send_voice_assistant_audio``), played by ESPHome ≥ 2026.9.
+    """Raw API audio (``send_voice_assistant_audio``) into a voice-assistant ``speaker:``.
 
-    The device buffers what it got (no flush message exists): pause and stop just
-    send nothing more, the device plays out at most the player's lead.
+    The firmware has no flush message, and outside STREAMING_RESPONSE it moves
+    audio on only when a message arrives (``VoiceAssistant::on_audio`` ->
+    ``write_speaker_``, at most 4 KiB, into an I2S ring of max(50 ms,
+    ``buffer_duration``)): what the ring has no room for waits in the 16 KiB
+    buffer, and the newest ~30-70 ms of an answer would wait there until the next
+    message (the next answer's start). So after the last frame (none for
+    ``TAIL_AFTER_S``) and at a cut the output sends ``TAIL_FLUSH_MS`` of silence at
+    real-time pace, which pushes that audio out; a new frame ends the tail. Pause
+    and resume send nothing: the device plays out what it holds.
+
+    The speaker stops itself after 500 ms without data (``timeout``), and a stopped
+    speaker refuses what arrives while it starts again (``play`` returns 0 until
+    it runs): those bytes wait in the buffer, so every restart during a
+    conversation would add its start latency to the delay for good, and the newest
+    part of every answer would wait there (the part a cut cannot stop). From the
+    session's start (``wake``: the speaker starts on silence, long before an
+    answer) until it ends (``idle``) the output therefore sends 10 ms of silence
+    whenever nothing was sent for ``KEEPALIVE_S``: the speaker never stops
+    mid-conversation and an answer finds it running.
     """
+
+    keepalive = True
 
     def __init__(self, link: EsphomeLink) -> None:
         """Send through ``link``'s current connection."""
         self._link = link
+        self._frame_bytes = 320
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail: asyncio.Task[None] | None = None
+        self._alive: asyncio.TimerHandle | None = None
 
     async def send(self, frame: bytes) -> None:
         """Send one frame over the API connection (dropped when disconnected)."""
+        self._end_tail()
+        self._frame_bytes = len(frame) or self._frame_bytes
+        await self._send(frame)
+        self._timer = asyncio.get_running_loop().call_later(
+            TAIL_AFTER_S, self._start_tail
+        )
+
+    def wake(self) -> None:
+        """Start the speaker on silence as a session starts, and keep it running."""
+        if self.keepalive and self._alive is None:
+            self._keep_alive()
+
+    def idle(self) -> None:
+        """Send nothing more: the session ended (the device frees its buffers)."""
+        self._end_tail()
+        if self._alive is not None:
+            self._alive.cancel()
+            self._alive = None
+
+    async def _send(self, frame: bytes) -> None:
         await self._link._send_audio(frame)  # noqa: SLF001 - the link's own output
+        if self.keepalive:
+            if self._alive is not None:
+                self._alive.cancel()
+            self._alive = asyncio.get_running_loop().call_later(
+                KEEPALIVE_S, self._keep_alive
+            )
+
+    def _keep_alive(self) -> None:
+        self._alive = None
+        if self._tail is None or self._tail.done():
+            self._tail = asyncio.get_running_loop().create_task(
+                self._send(bytes(self._frame_bytes)), name="rtvoice speaker keepalive"
+            )
 
     def pause(self) -> None:
-        """Nothing to do: no frame follows."""
+        """No frame follows: ``PUSH_MS`` of silence push out what waits, no tail.
+
+        What waits in the buffer (the ring was full when the last frames came, about
+        one frame) then plays right after the ring, not at the next message; the
+        answer may resume.
+        """
+        self._end_tail()
+        self._tail = asyncio.get_running_loop().create_task(
+            self._send_tail(PUSH_MS), name="rtvoice api audio push"
+        )
 
     def resume(self) -> None:
         """Nothing to do: frames follow."""
 
     def finish(self) -> None:
-        """Nothing to do: the device played everything."""
+        """Nothing to do: the tail after the last frame has run or is running."""
 
     def stop(self) -> None:
-        """Silence the speaker (project firmware); else the device plays its lead out."""
-        self._link.stop_speaker()
+        """Cut: silence the speaker (project firmware), else push out what waits.
+
+        With ``rtvoice_stop_speaker`` the device drops what its speaker holds; a
+        firmware without it plays its lead out, and what waits in its buffer is
+        pushed out now rather than at the start of the next answer.
+        """
+        self._end_tail()
+        if self._link.stops_speaker:
+            self._link.stop_speaker()
+            return
+        self._start_tail()
 
     async def aclose(self) -> None:
-        """Nothing held."""
+        """End the tail and the keepalive."""
+        self.idle()
+
+    def _start_tail(self) -> None:
+        self._timer = None
+        if self._tail is None or self._tail.done():
+            self._tail = asyncio.get_running_loop().create_task(
+                self._send_tail(TAIL_FLUSH_MS), name="rtvoice api audio tail"
+            )
+
+    def _end_tail(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._tail is not None:
+            self._tail.cancel()
+            self._tail = None
+
+    async def _send_tail(self, duration_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        silence = bytes(self._frame_bytes)
+        frame_s = self._frame_bytes / (16000 * 2)
+        start = loop.time()
+        for index in range(max(1, round(duration_ms / 1000 / frame_s))):
+            await self._send(silence)
+            await asyncio.sleep(max(0.0, start + (index + 1) * frame_s - loop.time()))
+
+
+class HalfDuplexOutput(ApiAudioOutput):
+    """Raw API audio on a board whose mic and speaker share one I2S bus (Atom Echo).
+
+    The microphone (the voice assistant's stream and micro_wake_word) holds the bus
+    while it runs (``i2s_audio_microphone.cpp`` ``start_driver_``), so the speaker
+    cannot start (``i2s_audio_speaker.cpp``: "Parent bus is busy", retried after
+    1 s) and the 16 KiB buffer overflows. Before an answer plays (``begin``) the link
+    releases the mic with the events HA's pipeline sends (``voice_assistant.cpp``
+    ``on_event``): STT_VAD_END (STOP_MICROPHONE, then AWAITING_RESPONSE; the board's
+    ``before_reply`` script stops micro_wake_word), INTENT_END with
+    ``continue_conversation=1``, TTS_STREAM_START; the player is held
+    ``BUS_RELEASE_S`` for the bus to come free. In AWAITING_RESPONSE the button's
+    ``voice_assistant.stop`` reaches the link as a stop request: the answer is cut.
+    When the answer has played (``finish``): TTS_STREAM_END, TTS_END, RUN_END: the
+    firmware writes out the rest of its buffer (STREAMING_RESPONSE), waits for the
+    speaker to stop itself (RESPONSE_FINISHED), then ``continue_conversation`` starts
+    a new run, which the link takes as "listening again" (same session). A cut
+    (``stop``: the device went away or the button) sends RUN_END only.
+    """
+
+    keepalive = False  # the speaker must stop: it frees the bus for the mic
+
+    def __init__(self, link: EsphomeLink) -> None:
+        """Send through ``link``; it sends the events."""
+        super().__init__(link)
+        self._released = False
+        self._hold: asyncio.TimerHandle | None = None
+
+    def begin(self, player: PacedPlayer) -> None:
+        """Release the mic as an answer starts; hold the player until the bus is free."""
+        if self._released:
+            return
+        self._released = True
+        self._link._release_mic()  # noqa: SLF001 - the link's own output
+        player.pause()
+        self._hold = asyncio.get_running_loop().call_later(BUS_RELEASE_S, player.resume)
+
+    def finish(self) -> None:
+        """Let the device play out the answer that played, then listen again."""
+        self._end(played=True)
+
+    def stop(self) -> None:
+        """End the device's run: the answer was cut."""
+        super().stop()
+        self._end(played=False)
+
+    def _end(self, *, played: bool) -> None:
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+        if self._released:
+            self._released = False
+            self._link._answer_done(played=played)  # noqa: SLF001
+
+    async def aclose(self) -> None:
+        """End the hold and the tail."""
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+        await super().aclose()
 
 
 class _FollowedOutput:
@@ -209,6 +382,14 @@ class _FollowedOutput:
     def __call__(self, state: SessionState) -> None:
         previous, self._state = self._state, state
         output = self.output
+        begin = getattr(output, "begin", None)
+        if (
+            begin is not None
+            and state is SessionState.SPEAKING
+            and previous is SessionState.LISTENING
+            and self.conversation is not None
+        ):
+            begin(self.conversation.session.player)  # before its first frame is sent
         if state is SessionState.PAUSED:
             output.pause()
         elif previous is SessionState.PAUSED and state in _PLAYING:
@@ -227,6 +408,8 @@ class _FollowedOutput:
                     output.stop()
                 else:
                     output.finish()
+        if state is SessionState.ENDED and (idle := getattr(output, "idle", None)):
+            idle()
         if self._on_state is not None:
             self._on_state(state)
 
@@ -235,23 +418,19 @@ _PLAYING = (SessionState.SPEAKING, SessionState.RESUMING)
 
 
 def plays_api_audio(info: DeviceInfo, api_version: Any) -> bool:
-    """Return True when the firmware plays raw API audio while the mic streams."""
-    if _version(info.esphome_version) >= API_AUDIO_FIRMWARE:
-        return True
+    """Return True when the voice assistant plays raw API audio: the SPEAKER flag.
+
+    ESPHome's ``VoiceAssistant::on_audio`` (``voice_assistant.cpp``) copies API
+    audio only into its ``speaker_``; a voice assistant with a ``media_player:``
+    (the two exclude each other) drops it, whatever the firmware version.
+    ``get_feature_flags()`` sets SPEAKER exactly when ``speaker_`` is set.
+    """
     flags = (
         info.voice_assistant_feature_flags_compat(api_version)
         if api_version is not None
         else info.voice_assistant_feature_flags
     )
     return bool(flags & VoiceAssistantFeature.SPEAKER)
-
-
-def _version(version: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for part in version.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 class EsphomeLink:
@@ -291,6 +470,8 @@ class EsphomeLink:
         self._on_state = on_state
         self._streams = streams
         self.media_player_key: int | None = None  # set: answers go to the media player
+        self.half_duplex = False  # set: a shared I2S bus, the mic is released to play
+        self._relisten = False  # the device will start again by itself (half duplex)
         self._outputs: dict[DuplexConversation, AnswerOutput] = {}
         self.client: APIClient | None = None
         self.device_info: DeviceInfo | None = None
@@ -493,6 +674,13 @@ class EsphomeLink:
         """Device-initiated start (wake word): a new or continued conversation."""
         self._start_arrived()
         conversation = self.conversation
+        if self._relisten and conversation is not None and not conversation.ended:
+            # Half duplex: the answer played, continue_conversation restarted the mic.
+            self._relisten = False
+            self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
+            self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_START, {})
+            return API_AUDIO_PORT
+        self._relisten = False
         if conversation is not None and not conversation.ended:
             conversation.session.wake_word_detected()
             return API_AUDIO_PORT
@@ -625,6 +813,9 @@ class EsphomeLink:
         """Tell the device its run started; feed the audio that came meanwhile."""
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_START, {})
+        output = self._outputs.get(conversation)
+        if (wake := getattr(output, "wake", None)) is not None:
+            wake()  # the device allocated its buffers at this start
         if early:
             conversation.session.feed_mic(early)
         if self._on_conversation is not None:
@@ -682,10 +873,15 @@ class EsphomeLink:
     async def _choose_output(self, client: APIClient) -> None:
         """Pick where answers go on this connection (firmware and media player)."""
         self.media_player_key = None
+        self.half_duplex = False
+        self._relisten = False
         info = self.device_info
-        if info is None or self._streams is None:
+        if info is None:
             return
         if plays_api_audio(info, client.api_version):
+            self.half_duplex = shares_i2s_bus(info)
+            return
+        if self._streams is None:
             return
         entities, _services = await client.list_entities_services()
         for entity in entities:
@@ -698,8 +894,8 @@ class EsphomeLink:
                 )
                 return
         _LOGGER.warning(
-            "ESPHome satellite %s (ESPHome %s) has no media player: answers are sent"
-            " as raw audio, which firmware before 2026.9 does not play",
+            "ESPHome satellite %s (ESPHome %s) has neither a voice assistant speaker"
+            " nor a media player: answers are sent as raw audio it will not play",
             self.name,
             info.esphome_version,
         )
@@ -713,7 +909,28 @@ class EsphomeLink:
                 stop=functools.partial(self._media_command, None),
                 peer=self.config.host,  # its streams serve the device's address only
             )
+        if self.half_duplex:
+            return HalfDuplexOutput(self)
         return ApiAudioOutput(self)
+
+    def _release_mic(self) -> None:
+        """Half duplex: end the utterance so the firmware frees the I2S bus."""
+        self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_VAD_END, {})
+        self._send_event(
+            VoiceAssistantEventType.VOICE_ASSISTANT_INTENT_END,
+            {"continue_conversation": "1"},
+        )
+        self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_TTS_STREAM_START, {})
+
+    def _answer_done(self, *, played: bool) -> None:
+        """Half duplex: the answer ended; played: listen again, else end the run."""
+        if played:
+            self._relisten = True
+            self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_TTS_STREAM_END, {})
+            self._send_event(
+                VoiceAssistantEventType.VOICE_ASSISTANT_TTS_END, {"url": API_AUDIO_URL}
+            )
+        self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_END, {})
 
     def _media_command(self, url: str | None, *, announce: bool = True) -> None:
         """Play ``url`` as an announcement on the media player, or stop it (None)."""
@@ -799,6 +1016,11 @@ class EsphomeLink:
         # latency): whatever was sent may still play, so stop it in any case.
         self.stop_speaker()
         conversation.session.wake_word_detected()
+
+    @property
+    def stops_speaker(self) -> bool:
+        """Whether the firmware offers ``rtvoice_stop_speaker`` (the project's)."""
+        return ACTION_STOP_SPEAKER in self.services
 
     def stop_speaker(self) -> bool:
         """Silence the device's speaker now (``rtvoice_stop_speaker``); False: none.
@@ -982,6 +1204,15 @@ class EsphomeLink:
     def session_state(self) -> SessionState | None:
         """State of the live conversation's session, if any."""
         return self.conversation.session.state if self.conversation else None
+
+
+def shares_i2s_bus(info: DeviceInfo) -> bool:
+    """Return True for the project's half-duplex firmware (one I2S bus, e.g. Atom Echo).
+
+    ``packages/base.yaml`` names the project ``rtvoice.<audio_duplex>-duplex``, set by
+    the board's duplex package; other firmware is taken as full duplex.
+    """
+    return bool(info.project_name) and info.project_name.endswith(HALF_DUPLEX_PROJECT)
 
 
 def _setter(event: asyncio.Event) -> Callable[[bool], Coroutine[Any, Any, None]]:

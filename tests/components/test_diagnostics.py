@@ -275,7 +275,7 @@ async def test_duplex_and_wyoming_links(
         "available": True,
         "esphome_version": "2026.9.0",
         "login": False,
-        "answer_output": "api_audio",
+        "answer_output": "media_player",  # no SPEAKER flag: any version
         "last_error": None,
         "mic_oversized_messages": 0,
         "mic_odd_messages": 0,

@@ -1,8 +1,8 @@
 """The duplex satellite's own entity: pipeline select, settings, announce, wake words.
 
 Real peers on 127.0.0.1: the emulated Voice PE-like satellite on firmware 2026.9
-(real aioesphomeapi client; raw API audio plays, announcements are fetched over
-HTTP from HA's server), the offline Wyoming speech servers through HA's
+(real aioesphomeapi client; a media player, no SPEAKER flag: answers and
+announcements are fetched over HTTP from HA's server), the offline Wyoming speech servers through HA's
 ``wyoming`` integration as the pipelines' STT and TTS, and the OpenAI-compatible
 peer. Waits are on events; timeouts are safety nets. The one stand-in: echo
 cancellation "unavailable" is patched (``livekit`` is installed here).
@@ -58,7 +58,12 @@ from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.event import async_track_state_change_event
 from tests.components.common import async_load_entry, openai_entry
 from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
-from tests.peers.esphome import VOICE_PE_FEATURES, EmulatedDevice, EventType
+from tests.peers.esphome import (
+    ATOM_ECHO_FEATURES,
+    VOICE_PE_FEATURES,
+    EmulatedDevice,
+    EventType,
+)
 from tests.peers.openai_server import OpenAIPeer, Text, WaitFor
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
@@ -187,7 +192,8 @@ async def duplex_rig(
 
     The preferred pipeline uses the first speech servers and Realtime Voice as its
     agent; with ``pipelines=2`` a pipeline named "Second" uses the second ones.
-    ``client_factory`` serves HA's HTTP app (the device fetches announcements).
+    ``client_factory`` serves HA's HTTP app (the device fetches announcements and
+    answers: a media-player satellite); without it the satellite has a speaker.
     ``options``: entry options besides the satellite; ``settings``: the satellite's.
     """
     hass.config.config_dir = str(tmp_path)  # the TTS cache is written there
@@ -196,7 +202,10 @@ async def duplex_rig(
         for _ in range(pipelines)
     ]
     entries: list[ConfigEntry] = []
-    async with satellite_device() as device:
+    # Without HA's HTTP app nothing can be fetched: a satellite with a voice
+    # assistant speaker (raw API audio); with it, the media-player one.
+    features = {} if client_factory is not None else {"features": ATOM_ECHO_FEATURES}
+    async with satellite_device(**features) as device:
         try:
             engines = []
             for stt_server, tts_server in servers:
@@ -528,8 +537,9 @@ async def test_start_conversation_announces_then_listens(
         ]
         [announced] = [p for p in rig.device.playbacks if p.source == "announce"]
         assert await duplex_ha.pipeline_stt(hass)(announced.pcm) == OPENING
-        answer = rig.device.playbacks[-1]
-        assert answer.source == "api"
+        # A media-player satellite (no SPEAKER flag): the answer is an
+        # announcement of the live stream, never raw API audio.
+        answer = [p for p in rig.device.playbacks if p.source == "media_player"][-1]
         assert await duplex_ha.pipeline_stt(hass)(answer.pcm) == ANSWER
 
 

@@ -384,10 +384,14 @@ class DuplexRig:
         await wait(run.streaming.wait(), SAFETY)
 
     async def answer_playing(self, since: int = 0) -> int:
-        """Wait until answer audio reaches the device; the record mark after it."""
+        """Wait until answer audio (not silence) reaches the device; the mark after it."""
         entry = await wait(
             self.device.wait_for(
-                lambda e: e.kind is Kind.SPEAKER_AUDIO and e.detail["bytes"] > 0,
+                lambda e: (
+                    e.kind is Kind.RECEIVED
+                    and e.name == "VoiceAssistantAudio"
+                    and any(e.message.data)
+                ),  # type: ignore[union-attr]
                 since,
             ),
             SAFETY,
@@ -395,11 +399,17 @@ class DuplexRig:
         return entry.index + 1
 
     def audio_bytes(self, since: int, until: int | None = None) -> int:
-        """Answer audio bytes the device received between two record marks."""
+        """Answer audio bytes the device received between two record marks.
+
+        Silence is not answer audio: the link sends some to keep the speaker
+        running and to push out what waits in the firmware's buffer.
+        """
         return sum(
-            e.detail["bytes"]
+            len(e.message.data)  # type: ignore[union-attr]
             for e in list(self.device.events)[since:until]
-            if e.kind is Kind.SPEAKER_AUDIO
+            if e.kind is Kind.RECEIVED
+            and e.name == "VoiceAssistantAudio"
+            and any(e.message.data)  # type: ignore[union-attr]
         )
 
 

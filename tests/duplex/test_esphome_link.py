@@ -1,6 +1,8 @@
 """Duplex mode end to end: the ESPHome link against real peers on 127.0.0.1.
 
-The emulated device (firmware 2026.9, a speaker: raw API audio plays) is driven by
+The emulated device (firmware 2026.9, a speaker on a bus of its own, i.e. full
+duplex: raw API audio plays; the boards people own, the shared-bus Atom Echo
+among them, are the profiles of ``test_esphome_profiles.py``) is driven by
 the real aioesphomeapi client inside ``EsphomeLink``; the kernel talks to the
 OpenAI-compatible peer through the real ``openai`` SDK; STT and TTS are the Wyoming
 speech servers (pocketsphinx, espeak-ng) bound through a ``wyoming`` client, as the
@@ -229,14 +231,14 @@ async def rig(
     **device_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start the peers, the device, the kernel and the link; tear all down."""
-    async with (
-        EmulatedDevice(
-            name="kitchen",
-            encrypted=True,
-            esphome_version=FIRMWARE,
-            features=ATOM_ECHO_FEATURES,
+    if "profile" not in device_options:  # a profile brings its own firmware
+        device_options = {
+            "esphome_version": FIRMWARE,
+            "features": ATOM_ECHO_FEATURES,
             **device_options,
-        ) as device,
+        }
+    async with (
+        EmulatedDevice(name="kitchen", encrypted=True, **device_options) as device,
         OpenAIPeer() as peer,
         WyomingSttServer(phrases=list(phrases)) as stt,
         WyomingTtsServer() as tts,

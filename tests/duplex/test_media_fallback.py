@@ -1,8 +1,9 @@
-"""Duplex answers on firmware before 2026.9: a media-player announcement of a live stream.
+"""Duplex answers on a media-player satellite: an announcement of a live stream.
 
-The emulated Voice PE (ESPHome 2025.4, a media player, no speaker flag) does not play
-raw API audio; the link sees that at connect time and plays each answer as an
-announcement of an HTTP stream. An aiohttp server on 127.0.0.1 stands in for Home
+A voice assistant with a ``media_player:`` (Voice PE's stock firmware: no SPEAKER
+flag) drops raw API audio on every ESPHome version (``VoiceAssistant::on_audio``
+plays only into a ``speaker:``); the link sees the flag at connect time and plays
+each answer as an announcement of an HTTP stream. An aiohttp server on 127.0.0.1 stands in for Home
 Assistant's HTTP app and serves the link's ``StreamRegistry`` with the same handler
 HA's view uses. Everything else is real (aioesphomeapi, the openai SDK against the
 loopback peer, the Wyoming speech servers). The device's media player fetches the
@@ -45,7 +46,7 @@ from tests.peers.esphome.speaker import Playback
 from tests.peers.openai_server import DEFAULT_MODEL, OpenAIPeer, Text
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
-OLD_FIRMWARE = "2025.4.0"  # Voice PE's media player; raw API audio is not played
+OLD_FIRMWARE = "2025.4.0"  # Voice PE with a media player: raw API audio is not played
 
 pytestmark = pytest.mark.usefixtures("socket_enabled", "clip")
 
@@ -158,14 +159,14 @@ async def rig(
     **device_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start the peers, the old-firmware device, the stream server, the link."""
-    async with (
-        EmulatedDevice(
-            name="kitchen",
-            encrypted=True,
-            esphome_version=esphome_version,
-            features=VOICE_PE_FEATURES,
+    if "profile" not in device_options:  # a profile brings its own firmware
+        device_options = {
+            "esphome_version": esphome_version,
+            "features": VOICE_PE_FEATURES,
             **device_options,
-        ) as device,
+        }
+    async with (
+        EmulatedDevice(name="kitchen", encrypted=True, **device_options) as device,
         OpenAIPeer() as peer,
         WyomingSttServer(phrases=[ASK, ANSWER, STOP]) as stt,
         WyomingTtsServer() as tts,
@@ -328,14 +329,45 @@ async def test_a_cough_pauses_and_the_same_stream_resumes(clip) -> None:
         ]
 
 
-async def test_firmware_2026_9_keeps_raw_api_audio(clip) -> None:
-    """A media player on 2026.9 firmware: answers still go as raw API audio."""
-    async with rig(esphome_version="2026.9.0") as r:
-        assert r.link.media_player_key is None
+async def test_a_media_player_gets_announcements_on_every_version(clip) -> None:
+    """A media player on 2026.10 firmware: the flag, not the version, decides."""
+    async with rig(esphome_version="2026.10.0") as r:
+        assert r.link.media_player_key is not None
         r.peer.enqueue(Text("The kitchen lights are on."))
         await r.wake_and_say(clip(ASK))
-        speaking = await r.states.wait_for(SessionState.SPEAKING)
-        await r.states.wait_for(SessionState.LISTENING, speaking)
+        playback = await r.wait_played(1)
         await r.device.wait_for_event(EventType.RUN_END)
-        assert r.announcements() == []
-        assert api_audio_bytes(r.device) > 0
+        assert playback.status == 200 and playback.error is None
+        assert api_audio_bytes(r.device) == 0
+
+
+@pytest.mark.parametrize("profile", ["voice-pe-stock", "linux-voice-assistant"])
+async def test_media_player_profiles_full_turn_and_barge_in(clip, profile: str) -> None:
+    """Voice PE stock and linux-voice-assistant: announcements; the mic keeps streaming.
+
+    A full turn plays in full; speech over the next answer stops the media player.
+    """
+    async with rig(profile=profile) as r:
+        assert r.link.media_player_key is not None
+        r.peer.enqueue(Text("The kitchen lights are on."))
+        r.peer.enqueue(*(Text(part + ".") for part in LONG.split(".") if part))
+        child = await r.wake_and_say(clip(ASK))
+        first = await r.wait_played(1)
+        assert first.error is None and not first.stopped
+        r.device.say(clip(ASK), wake_word=None)
+        await r.peer.wait_for_request(2)
+        await r.states.wait_for(SessionState.SPEAKING, 2)
+        await r.playing()
+        mark = r.device.mark()
+        r.device.say(clip(STOP), wake_word=None)
+        cut = await r.wait_played(2)
+        assert cut.stopped
+        assert stop_commands(r.device, mark) >= 1
+        assert api_audio_bytes(r.device) == 0
+        assert [(m.role, m.interrupted) for m in r.history(child)][:4] == [
+            ("user", False),
+            ("assistant", False),
+            ("user", False),
+            ("assistant", True),
+        ]
+        assert mic_ending_events(r.device) == []

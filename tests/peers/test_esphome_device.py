@@ -37,6 +37,7 @@ from tests.peers.esphome import (
     VOICE_PE_FEATURES,
     EmulatedDevice,
     EventType,
+    Feature,
     Interrupt,
     Kind,
     Say,
@@ -638,14 +639,19 @@ async def test_api_speaker_audio_is_recorded() -> None:
 
 
 @pytest.mark.parametrize(
-    ("version", "audible"), [("2025.4.0", False), ("2026.9.0", True)]
+    ("version", "features", "audible"),
+    [
+        ("2025.4.0", VOICE_PE_FEATURES, False),
+        ("2026.10.0", VOICE_PE_FEATURES, False),  # a media player: never, any version
+        ("2025.4.0", ATOM_ECHO_FEATURES, True),
+    ],
 )
-async def test_raw_api_audio_on_a_media_player_device(
-    version: str, audible: bool
+async def test_raw_api_audio_plays_only_with_the_speaker_flag(
+    version: str, features: Feature, audible: bool
 ) -> None:
-    """Raw API speaker audio is recorded; only >= 2026.9 firmware would play it."""
-    async with EmulatedDevice(esphome_version=version) as device:
-        ha = await FakeHA(device).connect(login=False)
+    """Raw API speaker audio is recorded; only a voice-assistant ``speaker:`` plays it."""
+    async with EmulatedDevice(esphome_version=version, features=features) as device:
+        ha = await FakeHA(device).connect(login=version < "2026")
         ha.subscribe_voice()
         await wait(device.wait_for_voice_client())
         ha.client.send_voice_assistant_audio(bytes(2048))

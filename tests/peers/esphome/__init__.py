@@ -30,7 +30,9 @@ the firmware's ``APIConnection``), ``voice`` (the firmware's voice assistant sta
 machine) with ``runs`` (its vocabulary: event types, states, ``Run``), ``mic`` (paced
 32 ms frames), ``speaker`` (HTTP fetch + playback record), ``record`` (timestamped
 record, event-driven waits), ``timeline`` (scripts), ``device`` (the server and the
-public API), ``config`` (identity and features).
+public API), ``config`` (identity and features), ``i2s`` (the firmware's speaker path:
+16 KiB voice-assistant buffer, I2S ring, DMA, bus lock; what was heard, sample-timed),
+``profiles`` (the satellites people own: ``EmulatedDevice(profile="atom-echo")``).
 """
 
 from .config import (
@@ -42,7 +44,9 @@ from .config import (
     WakeWord,
 )
 from .device import EmulatedDevice
+from .i2s import Played, SpeakerPath
 from .mic import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE
+from .profiles import PROFILE_NAMES, PROFILES, profile
 from .record import Entry, Kind, Record
 from .runs import EventType, Interrupt, Run, State
 from .speaker import AudioFormat, Playback
@@ -61,6 +65,8 @@ __all__ = [
     "ATOM_ECHO_FEATURES",
     "FRAME_BYTES",
     "FRAME_SECONDS",
+    "PROFILES",
+    "PROFILE_NAMES",
     "SAMPLE_RATE",
     "VOICE_PE_FEATURES",
     "Abort",
@@ -76,13 +82,16 @@ __all__ = [
     "Kind",
     "MediaFormat",
     "Playback",
+    "Played",
     "Record",
     "Run",
     "Say",
     "ScriptResult",
+    "SpeakerPath",
     "State",
     "WaitEvent",
     "Wake",
     "WakeWord",
+    "profile",
     "run_script",
 ]

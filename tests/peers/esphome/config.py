@@ -16,6 +16,8 @@ class Feature(enum.IntFlag):
     TIMERS = 1 << 3
     ANNOUNCE = 1 << 4
     START_CONVERSATION = 1 << 5
+    MULTI_CHANNEL_AUDIO = 1 << 6
+    """A second mic channel (``data2``): ``microphone2`` (ESPHome 2026.6+) or LVA's echo reference."""
 
 
 VOICE_PE_FEATURES = (
@@ -110,6 +112,27 @@ class DeviceConfig:
     """The mic hears the raw API audio the speaker plays, times this (0: no echo)."""
     echo_delay_ms: int = 120
     """Speaker-to-mic delay of that echo (on top of the client's lead)."""
+    profile: str = ""
+    """The device profile this configuration came from (``profiles.PROFILES``)."""
+    firmware_speaker: bool = False
+    """Model the voice assistant's speaker path as the firmware does (``i2s.SpeakerPath``):
+    16 KiB buffer, fed on message arrival, I2S ring, DMA, start latency, idle stop."""
+    speaker_buffer_ms: int = 100
+    """The I2S speaker's ``buffer_duration`` (its ring holds max(50 ms, this))."""
+    shared_bus: bool = False
+    """Mic and speaker on one I2S bus: the speaker cannot start while the mic holds it."""
+    micro_wake_word: bool = False
+    """micro_wake_word runs on the mic from client connect (``on_client_connected``)."""
+    half_duplex_scripts: bool = False
+    """``packages/half-duplex.yaml``: STT_VAD_END stops micro_wake_word
+    (``before_reply``); the run's end starts it once the speaker stopped (``after_run``)."""
+    mic_stop_events: tuple[int, ...] = ()
+    """Extra events that stop the mic stream (linux-voice-assistant: STT_END, RUN_END)."""
+    second_channel: str = ""
+    """What ``data2`` carries: ``""`` none, ``raw`` (the unprocessed mic), ``echo`` (the
+    speaker's reference, linux-voice-assistant)."""
+    legacy_device_info: bool = True
+    """DeviceInfo sets ``uses_password`` and ``legacy_voice_assistant_version`` (before 2026)."""
 
     @property
     def version(self) -> tuple[int, ...]:
@@ -125,8 +148,13 @@ class DeviceConfig:
 
     @property
     def plays_api_audio(self) -> bool:
-        """Whether raw API speaker audio reaches the speaker on this firmware."""
-        return bool(self.features & Feature.SPEAKER) or self.version >= (2026, 9)
+        """Whether raw API speaker audio reaches a speaker: only with SPEAKER.
+
+        ``VoiceAssistant::on_audio`` (``voice_assistant.cpp``) copies API audio into
+        ``speaker_buffer_`` only when the voice assistant has a ``speaker_``; with a
+        ``media_player:`` it is dropped on every version.
+        """
+        return bool(self.features & Feature.SPEAKER)
 
     @property
     def uses_media_player(self) -> bool:

@@ -18,7 +18,7 @@ from aioesphomeapi import api_pb2
 import aiohttp
 from google.protobuf.message import Message
 
-from . import proto
+from . import profiles, proto
 from .actions import DeviceActions
 from .config import DeviceConfig
 from .connection import (
@@ -30,6 +30,7 @@ from .connection import (
     object_id,
 )
 from .framing import generate_psk
+from .i2s import SpeakerPath
 from .record import Entry, Kind, Record
 from .runs import EventType, Interrupt, Run, State
 from .speaker import Playback, Speaker
@@ -44,9 +45,16 @@ class EmulatedDevice:
         config: DeviceConfig | None = None,
         *,
         encrypted: bool = False,
+        profile: str | None = None,
         **overrides: Any,
     ) -> None:
-        """Configure; ``encrypted=True`` generates a Noise key unless one is given."""
+        """Configure; ``encrypted=True`` generates a Noise key unless one is given.
+
+        ``profile`` starts from a device profile (``profiles.PROFILES``) instead of
+        ``config``.
+        """
+        if profile is not None:
+            config = profiles.profile(profile)
         config = replace(config or DeviceConfig(), **overrides)
         if encrypted and config.encryption_key is None:
             config = replace(config, encryption_key=generate_psk())
@@ -191,6 +199,11 @@ class EmulatedDevice:
         return self.voice.playbacks
 
     @property
+    def loudspeaker(self) -> SpeakerPath | None:
+        """The firmware speaker path (``DeviceConfig.firmware_speaker``): what was heard."""
+        return self.voice.speaker_path
+
+    @property
     def conversation_id(self) -> str:
         """Conversation id the next run will send."""
         return self.voice.conversation_id
@@ -198,8 +211,7 @@ class EmulatedDevice:
     def device_info(self) -> api_pb2.DeviceInfoResponse:
         """``DeviceInfoResponse`` for this configuration."""
         config = self.config
-        return api_pb2.DeviceInfoResponse(
-            uses_password=False,
+        info = api_pb2.DeviceInfoResponse(
             name=config.name,
             friendly_name=config.friendly_name,
             mac_address=config.mac_address,
@@ -210,9 +222,12 @@ class EmulatedDevice:
             project_name=config.project_name,
             project_version=config.project_version,
             suggested_area=config.suggested_area,
-            legacy_voice_assistant_version=2 if config.features else 0,
             voice_assistant_feature_flags=int(config.features),
         )
+        if config.legacy_device_info:  # gone from ESPHome 2026.x's DeviceInfoResponse
+            info.uses_password = False
+            info.legacy_voice_assistant_version = 2 if config.features else 0
+        return info
 
     def entity_listings(self) -> list[Message]:
         """``ListEntities*Response`` for the media player and the switches."""
@@ -330,6 +345,10 @@ class EmulatedDevice:
             self.voice.mic.clear()
             self.voice.mic.queue(pcm)
         return run
+
+    def press_button(self) -> None:
+        """Press the board's button (``packages/voice.yaml`` ``on_button``: stop, then start)."""
+        self.voice.press_button()
 
     def end_utterance(self) -> None:
         """Send ``VoiceAssistantAudio(end=True)`` now (the run continues to STT end)."""

@@ -93,7 +93,7 @@ class Playback:
     """Cut before it finished (a new run, a stop command, a disconnect)."""
     error: str | None = None
     audible: bool = True
-    """False for raw API audio this firmware would not play (media player, < 2026.9)."""
+    """False for raw API audio this firmware would not play (no ``speaker:``)."""
     data: bytearray = field(default_factory=bytearray, repr=False)
     played_bytes: int = 0
     """PCM bytes played (WAV streams: when finished or stopped)."""

@@ -9,19 +9,31 @@ with ``tts_start_streaming``) ``STREAMING_RESPONSE`` -> playback finished ->
 
 Only the first subscribed API connection owns the voice assistant; messages from other
 connections are ignored (a configuration request from them gets an empty answer).
+
+With ``DeviceConfig.firmware_speaker`` raw API audio goes through ``i2s.SpeakerPath``
+(``VoiceAssistant::on_audio`` / ``write_speaker_``; the loop writes it on only in
+STREAMING_RESPONSE and RESPONSE_FINISHED), the mic and micro_wake_word hold their I2S
+bus while they run (``i2s_audio_microphone.cpp``), and the answer ends as
+``VoiceAssistant::loop`` RESPONSE_FINISHED does: once the buffer is written out and
+the speaker stopped itself (idle ``timeout``), then ``clear_buffers_`` and a new run
+when ``continue_conversation_`` is set. The board scripts of ``packages/voice.yaml`` /
+``half-duplex.yaml`` that matter on the wire are modelled with
+``DeviceConfig.half_duplex_scripts`` (see there).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+import contextlib
 import logging
 from typing import Any
 
 from aioesphomeapi import api_pb2
 from google.protobuf.message import Message
 
-from .config import DeviceConfig
+from .config import DeviceConfig, Feature
+from .i2s import Bus, SpeakerPath
 from .mic import Frame, Microphone, mic_clock
 from .record import Entry, Kind, Record
 from .runs import (
@@ -38,6 +50,12 @@ from .runs import (
 from .speaker import PCM16K, Playback, Speaker
 
 _LOGGER = logging.getLogger(__name__)
+
+LOOP_S = 0.016  # ESPHome's main loop interval (``App.set_loop_interval(16)``)
+MIC_RELEASE_S = (
+    0.032  # STOP_MICROPHONE -> STOPPING_MICROPHONE -> driver stopped (assumed)
+)
+_HAS_DATA2 = "data2" in api_pb2.VoiceAssistantAudio.DESCRIPTOR.fields_by_name
 
 
 class VoiceAssistant:
@@ -78,6 +96,21 @@ class VoiceAssistant:
         self._stream_end_seen = False
         self.end_after_speech = False
         """Send ``VoiceAssistantAudio(end=True)`` right after the last speech frame."""
+        self.mic_bus = Bus("i2s_mic")
+        self.speaker_path: SpeakerPath | None = None
+        if config.firmware_speaker and config.features & Feature.SPEAKER:
+            bus = self.mic_bus if config.shared_bus else Bus("i2s_speaker")
+            self.speaker_path = SpeakerPath(
+                bus,
+                ring_ms=config.speaker_buffer_ms,
+                speed=config.speed,
+                note=lambda what: self._record.add(Kind.NOTE, what=what),
+            )
+        self.wake_word_running = False
+        """micro_wake_word runs (it holds the mic, and so a shared bus)."""
+        self._mic_streaming = False
+        self._release: asyncio.TimerHandle | None = None
+        self._response_task: asyncio.Task[None] | None = None
 
     # -- helpers ---------------------------------------------------------------
 
@@ -90,6 +123,45 @@ class VoiceAssistant:
         if state != self.state:
             self.state = state
             self._record.add(Kind.STATE, state=str(state))
+            if state == State.IDLE and self.speaker_path is not None:
+                self.speaker_path.free()  # loop() IDLE: deallocate_buffers_()
+
+    # -- the mic's hold on its I2S bus -------------------------------------------
+
+    def _hold_mic(self) -> None:
+        """Take the mic's bus: it runs (``start_driver_``: ``try_lock``)."""
+        if self._release is not None:
+            self._release.cancel()
+            self._release = None
+        if not self.mic_bus.try_lock("mic"):
+            self._record.add(Kind.NOTE, what="mic waits for the I2S bus")
+
+    def _maybe_release_mic(self) -> None:
+        """Neither the VA stream nor micro_wake_word listens: the bus is free soon."""
+        if self._mic_streaming or self.wake_word_running or self._release is not None:
+            return
+
+        def release() -> None:
+            self._release = None
+            if not (self._mic_streaming or self.wake_word_running):
+                self.mic_bus.unlock("mic")
+                self._record.add(Kind.NOTE, what="mic released the I2S bus")
+
+        self._release = self._loop.call_later(
+            MIC_RELEASE_S / self._config.speed, release
+        )
+
+    def start_wake_word(self) -> None:
+        """``micro_wake_word.start`` (on client connect; after the run, half duplex)."""
+        if self._config.micro_wake_word and not self.wake_word_running:
+            self.wake_word_running = True
+            self._hold_mic()
+
+    def stop_wake_word(self) -> None:
+        """``micro_wake_word.stop``."""
+        if self.wake_word_running:
+            self.wake_word_running = False
+            self._maybe_release_mic()
 
     def _send(self, message: Message) -> bool:
         if self.owner is None:
@@ -129,6 +201,7 @@ class VoiceAssistant:
             return
         self.owner = client
         self._record.add(Kind.VOICE_OWNER, connection=client.number, owner=True)
+        self.start_wake_word()  # on_client_connected: micro_wake_word.start
 
     def client_gone(self, client: Client) -> None:
         """Release ownership when a connection closed and stop everything, as firmware does."""
@@ -138,6 +211,7 @@ class VoiceAssistant:
             self._shutdown("disconnected")
 
     def _shutdown(self, reason: str) -> None:
+        self.stop_wake_word()  # on_client_disconnected: micro_wake_word.stop
         self._stop_mic(reason)
         self._stop_playback()
         self.continue_conversation = False
@@ -221,6 +295,10 @@ class VoiceAssistant:
         )
         self.runs.append(run)
         self._ring.clear()
+        if self.speaker_path is not None:
+            self.speaker_path.allocate()  # START_MICROPHONE: allocate + clear_buffers_
+        self._mic_streaming = True
+        self._hold_mic()
         self._set_state(State.STARTING_PIPELINE)
         self._mic_task = self._spawn(self._capture(run))
         self._send(
@@ -244,8 +322,20 @@ class VoiceAssistant:
             self._set_state(State.AWAITING_RESPONSE)
 
     def abort(self) -> None:
-        """``request_stop`` of the firmware: stop locally and signal the client."""
+        """``request_stop`` of the firmware: stop locally and signal the client.
+
+        With ``firmware_speaker`` as ``VoiceAssistant::request_stop`` has it for a
+        ``speaker:``: AWAITING_RESPONSE only signals the stop (the state waits for an
+        event, e.g. RUN_END), STREAMING_RESPONSE does nothing (the answer plays out).
+        """
         self.continue_conversation = False
+        if self.speaker_path is not None and self.state in (
+            State.AWAITING_RESPONSE,
+            State.STREAMING_RESPONSE,
+        ):
+            if self.state == State.AWAITING_RESPONSE:
+                self.signal_stop()
+            return
         if self.state in (State.STARTING_PIPELINE, State.STREAMING_MICROPHONE):
             self.signal_stop()
             self._stop_mic("aborted")
@@ -257,6 +347,37 @@ class VoiceAssistant:
             self._stop_playback()
         self._set_state(State.IDLE)
         self._end_run("aborted")
+
+    def press_button(self) -> None:
+        """Press the button, as ``packages/voice.yaml`` ``on_button`` is written (no timer).
+
+        ``end_run``: ``speaker.mute_on``, ``speaker.stop``, ``voice_assistant.stop``,
+        wait until the voice assistant is idle, wait (<= 1 s) for the speaker to
+        stop, ``speaker.mute_off``; then ``voice_assistant.start``.
+        """
+        self._spawn(self._on_button())
+
+    async def _on_button(self) -> None:
+        path = self.speaker_path
+        self._record.add(Kind.NOTE, what="button")
+        if self.state != State.IDLE:
+            if path is not None:
+                path.muted = True
+                path.stop("speaker.stop")
+            since = len(self._record)
+            self.abort()
+            if self.state != State.IDLE:
+                await self._record.wait_for(
+                    lambda e: e.kind is Kind.STATE and e.detail["state"] == State.IDLE,
+                    since,
+                )
+        if path is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0 / self._config.speed):
+                    await path.stopped.wait()
+            path.muted = False
+        if self.owner is not None and self.state == State.IDLE:
+            self.start(wake_word_phrase=None)
 
     # -- mic -------------------------------------------------------------------
 
@@ -276,7 +397,15 @@ class VoiceAssistant:
                 return
 
     def _send_frame(self, run: Run, frame: Frame) -> None:
-        self._send(api_pb2.VoiceAssistantAudio(data=frame.pcm))
+        message = api_pb2.VoiceAssistantAudio(data=frame.pcm)
+        if self._config.second_channel and _HAS_DATA2:
+            # raw: the unprocessed mic; echo: LVA's reference (not modelled: silence)
+            message.data2 = (
+                frame.pcm
+                if self._config.second_channel == "raw"
+                else bytes(len(frame.pcm))
+            )
+        self._send(message)
         run.frames_sent += 1
         if frame.speech:
             run.speech_frames_sent += 1
@@ -286,6 +415,9 @@ class VoiceAssistant:
 
     def _stop_mic(self, why: str) -> None:
         task, self._mic_task = self._mic_task, None
+        if self._mic_streaming:
+            self._mic_streaming = False
+            self._maybe_release_mic()
         if task is None:
             return
         task.cancel()
@@ -335,9 +467,16 @@ class VoiceAssistant:
         if event == EventType.RUN_START:
             self._started_streaming_tts = False
             self._tts_url = data.get("url", "")
-        elif event == EventType.STT_VAD_END:
-            self._stop_mic("stt_vad_end")
+        elif event == EventType.STT_VAD_END or (
+            event in self._config.mic_stop_events
+            and self.state == State.STREAMING_MICROPHONE
+        ):
+            self._stop_mic(
+                "stt_vad_end" if event == EventType.STT_VAD_END else f"event {event}"
+            )
             self._set_state(State.AWAITING_RESPONSE)
+            if self._config.half_duplex_scripts:  # before_reply: micro_wake_word.stop
+                self.stop_wake_word()
         elif event == EventType.INTENT_PROGRESS:
             if (
                 data.get("tts_start_streaming") == "1"
@@ -354,6 +493,9 @@ class VoiceAssistant:
                 self.conversation_id = data["conversation_id"]
             if "continue_conversation" in data:
                 self.continue_conversation = data["continue_conversation"] == "1"
+        elif event == EventType.TTS_START:
+            if self.speaker_path is not None and data.get("text"):
+                self.speaker_path.start()  # deferred speaker_->start()
         elif event == EventType.TTS_END:
             self._on_tts_end(data)
         elif event == EventType.RUN_END:
@@ -364,6 +506,8 @@ class VoiceAssistant:
                 self._set_state(State.IDLE)
             if self.state == State.IDLE:
                 self._end_run("run_end")
+            if self._config.half_duplex_scripts:
+                self._spawn(self._after_run())
         elif event == EventType.ERROR:
             self._on_error(data)
         elif event == EventType.TTS_STREAM_START:
@@ -376,7 +520,16 @@ class VoiceAssistant:
         elif event == EventType.TTS_STREAM_END:
             if not self._config.uses_media_player:
                 self._stream_end_seen = True
-                self._play_api_out()
+                if self.speaker_path is None:
+                    self._play_api_out()
+
+    async def _after_run(self) -> None:
+        """``after_run`` (half duplex): wait until the speaker stopped, then the wake word."""
+        path = self.speaker_path
+        if path is not None:
+            await path.stopped.wait()
+        if self.owner is not None:
+            self.start_wake_word()
 
     def _on_tts_end(self, data: dict[str, str]) -> None:
         url = data.get("url", "")
@@ -387,6 +540,35 @@ class VoiceAssistant:
             self._play([("tts_end", url)])
         self._started_streaming_tts = False
         self._set_state(State.STREAMING_RESPONSE)
+        if self.speaker_path is not None and self._response_task is None:
+            self._response_task = self._spawn(self._stream_response(self.speaker_path))
+
+    async def _stream_response(self, path: SpeakerPath) -> None:
+        """``loop`` STREAMING_RESPONSE then RESPONSE_FINISHED, for a ``speaker:``."""
+        tick = LOOP_S / self._config.speed
+        try:
+            while self.state == State.STREAMING_RESPONSE:
+                if path.received_bytes > 4 * 1024 or self._stream_end_seen:
+                    path.write()
+                if self._stream_end_seen:
+                    break  # wait_for_stream_end_ and end_of_stream: RESPONSE_FINISHED
+                await asyncio.sleep(tick)
+            else:
+                return
+            while path.buffer:  # RESPONSE_FINISHED: the buffer, then the speaker
+                path.write()
+                await asyncio.sleep(tick)
+            await (
+                path.stopped.wait()
+            )  # has_buffered_data() || is_running(): the idle stop
+            path.clear()
+            playback = self._api_playback
+            if playback is not None and playback.finished_at is None:
+                playback.finished_at = self._loop.time()
+                self._record.add(Kind.PLAYBACK, playback=playback)
+        finally:
+            self._response_task = None
+        self._response_finished()
 
     def _on_error(self, data: dict[str, str]) -> None:
         code = data.get("code", "")
@@ -415,6 +597,8 @@ class VoiceAssistant:
             )
             self._api_playback = playback
             self.playbacks.append(playback)
+        if message.data and self.speaker_path is not None:
+            self.speaker_path.feed(message.data)
         if message.data:
             if self._config.echo_gain > 0 and playback.audible:
                 self.mic.echo(
@@ -539,6 +723,9 @@ class VoiceAssistant:
         self._play_task = self._spawn(play_out())
 
     def _stop_playback(self) -> None:
+        response, self._response_task = self._response_task, None
+        if response is not None and not response.done():
+            response.cancel()
         task, self._play_task = self._play_task, None
         if task is not None and not task.done():
             task.cancel()
@@ -570,7 +757,11 @@ class VoiceAssistant:
 
     async def aclose(self) -> None:
         """Cancel the mic and speaker tasks and wait for them."""
-        self._mic_task = self._play_task = None
+        self._mic_task = self._play_task = self._response_task = None
+        if self._release is not None:
+            self._release.cancel()
+        if self.speaker_path is not None:
+            self.speaker_path.close()
         while self._tasks:
             tasks = list(self._tasks)
             for task in tasks:
