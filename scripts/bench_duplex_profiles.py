@@ -429,7 +429,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=55, help="row 24 barge-ins")
     parser.add_argument("--media-trials", type=int, default=10, help="row 26")
     parser.add_argument("--quick", action="store_true", help="short runs")
-    parser.add_argument("--only", help="comma-separated row numbers (20-23)")
+    parser.add_argument("--only", help="comma-separated row numbers (24-27)")
     parsed, _unknown = parser.parse_known_args()
     if parsed.quick:
         parsed.trials, parsed.media_trials = 8, 3
