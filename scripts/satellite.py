@@ -51,7 +51,7 @@ import aiohttp
 from yarl import URL
 
 from scripts.satellite_duplex import DuplexConsole
-from tests.peers.esphome import EmulatedDevice, EventType, Run
+from tests.peers.esphome import EmulatedDevice, EventType, Feature, Run
 from tests.peers.speech import speak
 from tests.peers.wyoming_speech import (
     STT_PROGRAM,
@@ -84,7 +84,8 @@ DEVICE_IDENTITY: dict[str, Any] = {
     "model": "Virtual satellite (scripts/satellite)",
     "manufacturer": "Realtime Voice",
 }
-DUPLEX_FIRMWARE = "2026.9.0"  # plays raw API audio while the mic streams
+DUPLEX_FIRMWARE = "2026.10.0"  # as firmware/requirements.txt pins
+DUPLEX_FEATURES = Feature.VOICE_ASSISTANT | Feature.API_AUDIO | Feature.SPEAKER
 BARGE_IN_MODES = ("vad", "wake_word", "off")
 DEFAULT_BARGE_IN = "wake_word"  # custom_components/rtvoice/const.py
 PIPELINE_HELP = """\
@@ -661,7 +662,10 @@ async def main_duplex(args: argparse.Namespace, token: str) -> int:
         WyomingTtsServer(port=args.tts_port) as tts_server,
         EmulatedDevice(
             **DEVICE_IDENTITY,
-            esphome_version=DUPLEX_FIRMWARE,  # plays raw API audio
+            esphome_version=DUPLEX_FIRMWARE,
+            # A voice assistant with a speaker plays raw API audio (the project's
+            # duplex firmware); one with a media player would be sent a stream.
+            features=DUPLEX_FEATURES,
             **echo,
         ) as device,
     ):

@@ -300,7 +300,11 @@ class DuplexConsole:
             self._notify()
 
     def _on_entry(self, entry: Entry) -> None:
-        if entry.kind is Kind.SPEAKER_AUDIO and entry.detail.get("bytes"):
+        if (
+            entry.kind is Kind.SPEAKER_AUDIO
+            and entry.detail.get("bytes")
+            and (not entry.detail.get("silent") or self._within_answer())
+        ):
             self._audio(entry)
         elif entry.kind is Kind.VOICE_EVENT:
             if entry.detail["type"] == EventType.RUN_START:
@@ -323,6 +327,19 @@ class DuplexConsole:
             else:
                 self._audio_at = None
                 self.print("Home Assistant let go of the satellite (disconnected)")
+
+    def _within_answer(self) -> bool:
+        """Whether a silent frame belongs to the answer playing (a pause in its speech).
+
+        Realtime Voice also sends silence of its own to keep the speaker running and
+        to push an answer's end out of the satellite's buffer: that is no answer.
+        """
+        answer = self._answer
+        return (
+            answer is not None
+            and not answer.done
+            and answer.received < answer.seconds * BYTES_PER_SECOND
+        )
 
     def _audio(self, entry: Entry) -> None:
         size = int(entry.detail["bytes"])

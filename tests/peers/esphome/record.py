@@ -44,7 +44,7 @@ class Kind(enum.StrEnum):
     PLAYBACK = "playback"
     """A speaker playback finished (``detail["playback"]``: a ``Playback``)."""
     SPEAKER_AUDIO = "speaker_audio"
-    """Raw API speaker audio from the client (``detail["bytes"]``)."""
+    """Raw API speaker audio from the client (``detail["bytes"]``, ``["silent"]``)."""
     TIMER = "timer"
     """A timer event (``detail["timer"]``)."""
     SWITCH = "switch"

@@ -586,7 +586,12 @@ class VoiceAssistant:
     def on_audio(self, message: api_pb2.VoiceAssistantAudio) -> None:
         """Raw API speaker audio from the client."""
         now = self._loop.time()
-        self._record.add(Kind.SPEAKER_AUDIO, bytes=len(message.data), end=message.end)
+        self._record.add(
+            Kind.SPEAKER_AUDIO,
+            bytes=len(message.data),
+            end=message.end,
+            silent=not any(message.data),  # the link's keepalive and tail frames
+        )
         playback = self._api_playback
         if playback is None or playback.finished_at is not None or playback.stopped:
             playback = Playback(
