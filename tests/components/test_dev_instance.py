@@ -18,7 +18,11 @@ from types import ModuleType
 from unittest.mock import patch
 
 import aiohttp
-from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.common import (
+    MockConfigEntry,
+    MockModule,
+    mock_integration,
+)
 from pytest_homeassistant_custom_component.test_util.aiohttp import AiohttpClientMocker
 
 from homeassistant import config as conf_util, loader
@@ -171,6 +175,9 @@ async def test_failing_onboarding_entries_that_need_the_internet_are_removed(
     hass: HomeAssistant,
 ) -> None:
     """Met.no added by onboarding and failing: removed; others and the user's stay."""
+    for domain in ("met", "radio_browser", "shopping_list"):
+        # Stand-ins: the real ones need their PyPI requirements to unload.
+        mock_integration(hass, MockModule(domain))
     unsubscribe = load_dev_helper().remove_failed_online_only_entries(hass)
     failing = MockConfigEntry(domain="met", source="onboarding", title="Home")
     users = MockConfigEntry(domain="met", source="user", title="Cabin")
