@@ -45,7 +45,7 @@ async def async_setup_entry(
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
     """Set up the conversation entity of an entry."""
-    async_add_entities([RtVoiceConversationEntity(entry)])
+    async_add_entities([RtVoiceConversationEntity(hass, entry)])
 
 
 class RtVoiceConversationEntity(
@@ -57,9 +57,9 @@ class RtVoiceConversationEntity(
 
     _attr_name = None
 
-    def __init__(self, entry: RtVoiceConfigEntry) -> None:
+    def __init__(self, hass: HomeAssistant, entry: RtVoiceConfigEntry) -> None:
         """Create the entity of an entry."""
-        super().__init__(entry)
+        super().__init__(hass, entry)
         self.entry = entry
         self._attr_unique_id = entry.entry_id
         if entry.runtime_data.tools is not None:

@@ -63,6 +63,7 @@ from homeassistant.helpers.event import (
 )
 
 from .compat import ASSISTANT
+from .const import DOMAIN
 from .kernel import ChannelDef, PromptRegistry, PromptSection
 
 _LOGGER = logging.getLogger(__name__)
@@ -385,12 +386,20 @@ class SatelliteDirectory:
                     _LOGGER.exception("Satellite listener failed for %s", entity_id)
 
     def _discover(self) -> set[str]:
-        """Satellites HA knows: enabled registry entries plus every satellite state."""
+        """Satellites HA knows: enabled registry entries plus every satellite state.
+
+        Less those a Realtime Voice satellite replaces: HA esphome's satellite of a
+        device taken over for duplex mode sits on the same device as ours and is
+        the same loudspeaker and microphone. Listed too, it would get a second set
+        of sensors under the same name (entity ids with ``_2``) and a second prompt
+        section for one device, until the repair disables it.
+        """
+        registry = er.async_get(self.hass)
         present = set(self.hass.states.async_entity_ids(SATELLITE_DOMAIN))
-        for entry in er.async_get(self.hass).entities.values():
+        for entry in registry.entities.values():
             if entry.domain == SATELLITE_DOMAIN and not entry.disabled:
                 present.add(entry.entity_id)
-        return present
+        return present - _replaced(registry, present)
 
     def _drop(self, entity_id: str) -> None:
         """Forget a satellite: its sections and its record."""
@@ -544,6 +553,15 @@ def _area_members(
             if e.area_id is None:
                 members.setdefault(e.entity_id, e)
     return [e for e in members.values() if not e.disabled], devices
+
+
+def _replaced(registry: er.EntityRegistry, satellites: set[str]) -> set[str]:
+    """Return the satellites of other integrations on a device ours drives."""
+    entries = [e for s in satellites if (e := registry.async_get(s)) is not None]
+    ours = {e.device_id for e in entries if e.platform == DOMAIN and e.device_id}
+    return {
+        e.entity_id for e in entries if e.platform != DOMAIN and e.device_id in ours
+    }
 
 
 def _describing_attrs(state: State | None) -> tuple[Any, Any]:

@@ -224,10 +224,10 @@ async def async_setup_entry(
         if (stats := runtime.sessions.stats(satellite)) is not None:
             activity.async_update(stats)
         entities: list[RtVoiceSatelliteSensor] = [
-            RtVoiceStateSensor(entry, activity, info.name)
+            RtVoiceStateSensor(hass, entry, activity, info.name)
         ]
         entities += [
-            RtVoiceCounterSensor(entry, activity, info.name, description)
+            RtVoiceCounterSensor(hass, entry, activity, info.name, description)
             for description in COUNTERS
         ]
         async_add_entities(entities)
@@ -280,13 +280,14 @@ class RtVoiceSatelliteSensor(RtVoiceEntity, SensorEntity):
 
     def __init__(
         self,
+        hass: HomeAssistant,
         entry: RtVoiceConfigEntry,
         activity: SatelliteActivity,
         satellite_name: str,
         description: SensorEntityDescription,
     ) -> None:
         """Create the sensor ``description`` of a satellite."""
-        super().__init__(entry)
+        super().__init__(hass, entry)
         self.entity_description = description
         self._activity = activity
         self._attr_unique_id = unique_id(
@@ -307,12 +308,13 @@ class RtVoiceStateSensor(RtVoiceSatelliteSensor):
 
     def __init__(
         self,
+        hass: HomeAssistant,
         entry: RtVoiceConfigEntry,
         activity: SatelliteActivity,
         satellite_name: str,
     ) -> None:
         """Create the state sensor of a satellite."""
-        super().__init__(entry, activity, satellite_name, STATE_DESCRIPTION)
+        super().__init__(hass, entry, activity, satellite_name, STATE_DESCRIPTION)
 
     @property
     def native_value(self) -> str:

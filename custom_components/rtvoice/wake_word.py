@@ -77,7 +77,7 @@ async def async_setup_entry(
         _async_report_unavailable(hass, str(err))
         return
     ir.async_delete_issue(hass, DOMAIN, ISSUE_UNAVAILABLE)
-    async_add_entities([OpenWakeWordEntity(entry, engine)])
+    async_add_entities([OpenWakeWordEntity(hass, entry, engine)])
 
 
 async def _async_ensure_backend(hass: HomeAssistant) -> None:
@@ -147,9 +147,11 @@ class OpenWakeWordEntity(RtVoiceEntity, wake_word.WakeWordDetectionEntity):
 
     _attr_translation_key = "openwakeword"
 
-    def __init__(self, entry: RtVoiceConfigEntry, engine: WakeWordEngine) -> None:
+    def __init__(
+        self, hass: HomeAssistant, entry: RtVoiceConfigEntry, engine: WakeWordEngine
+    ) -> None:
         """Offer the models of a warmed-up engine."""
-        super().__init__(entry)
+        super().__init__(hass, entry)
         self._engine = engine
         self._attr_unique_id = f"{entry.entry_id}-wake_word"
         self._wake_words = [

@@ -124,7 +124,7 @@ async def test_entity_of_a_delegating_entry(home: Home) -> None:
     )
     device = dr.async_get(hass).async_get_device(identifiers={(DOMAIN, entry.entry_id)})
     assert device is not None
-    assert device.model == "conversation.home_assistant"
+    assert device.model == "Home Assistant agent"  # its name, not its entity id
 
 
 async def test_streaming_answer_on_satellite_device(

@@ -344,6 +344,32 @@ async def test_removed_satellite_unregisters(rig: Rig) -> None:
     assert rig.presence[-1] == ("assist_satellite.hall_box", True)
 
 
+async def test_a_satellite_ours_replaces_is_left_out(rig: Rig) -> None:
+    """A device taken over for duplex mode is one satellite: ours, not also HA's.
+
+    HA esphome's satellite stays on the device (enabled until the repair disables
+    it); listed too, it would get a second set of sensors of the same name.
+    """
+    hass = rig.home.hass
+    ent_reg = er.async_get(hass)
+    ours = ent_reg.async_get_or_create(
+        "assist_satellite",
+        DOMAIN,
+        "duplex-kitchen",
+        device_id=rig.home.device_of(KITCHEN_SAT),
+        suggested_object_id="kitchen_duplex",
+    )
+    await hass.async_block_till_done()
+    assert rig.directory.satellites() == [ours.entity_id]
+    assert rig.presence == [(KITCHEN_SAT, False), (ours.entity_id, True)]
+    assert rig.sections(KITCHEN_SAT) == {}
+
+    ent_reg.async_remove(ours.entity_id)  # the satellite is given back
+    await hass.async_block_till_done()
+    assert rig.directory.satellites() == [KITCHEN_SAT]
+    assert rig.presence[-2:] == [(ours.entity_id, False), (KITCHEN_SAT, True)]
+
+
 async def test_rename_moves_everything(rig: Rig) -> None:
     """A new entity id moves the sections; listeners see removed + added."""
     pantry = "assist_satellite.pantry"
