@@ -60,6 +60,7 @@ from homeassistant.helpers import (
 )
 from homeassistant.helpers.device_registry import format_mac
 from homeassistant.helpers.dispatcher import async_dispatcher_send
+from homeassistant.util import slugify
 
 from .compat import intent_recogniser, tts_synthesise
 from .const import (
@@ -223,6 +224,10 @@ def chosen_pipeline(hass: HomeAssistant, entry_id: str, key: str) -> str | None:
     return get_chosen_pipeline(hass, DOMAIN, satellite_unique_id(entry_id, key))
 
 
+# A satellite in vad mode without echo cancellation whose mic hears its answers.
+ISSUE_HEARS_ITSELF: Final = "satellite_hears_itself"
+
+
 def satellite_options(conf: Mapping[str, Any]) -> DuplexOptions:
     """Return the duplex session's options from a satellite's settings."""
     try:
@@ -317,18 +322,38 @@ def satellite_binding(
             prompt_scope=scope,
         )
 
+    hearing_issue = f"{ISSUE_HEARS_ITSELF}_{slugify(name)}"
+    options = satellite_options(conf)
+    echo = satellite_echo(name, conf)
+    if echo is not None or options.barge_in is not BargeIn.VAD:
+        ir.async_delete_issue(hass, DOMAIN, hearing_issue)  # settings changed
+
+    @callback
+    def hears_itself() -> None:
+        ir.async_create_issue(
+            hass,
+            DOMAIN,
+            hearing_issue,
+            is_fixable=False,
+            is_persistent=False,
+            severity=ir.IssueSeverity.WARNING,
+            translation_key=ISSUE_HEARS_ITSELF,
+            translation_placeholders={"satellite": name},
+        )
+
     return with_entry_settings(
         DuplexBinding(
             kernel=kernel,
             stt=pipeline_stt(hass, choice),
             tts=pipeline_tts(hass, choice),
-            options=satellite_options(conf),
+            options=options,
             round_ends=round_ends,
-            echo=satellite_echo(name, conf),
+            echo=echo,
             render_prompt=sessions.render_prompt,
             prepare=prepare,
             forget=sessions.forget_turn,
             recognise=intent_recogniser(hass, lambda: pipeline_language(hass, choice)),
+            on_hears_itself=hears_itself,
         ),
         sessions.settings,
     )

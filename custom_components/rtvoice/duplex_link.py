@@ -136,6 +136,9 @@ class DuplexBinding:
     prepare: Callable[[str, str | None], Awaitable[None]] | None = None
     forget: Callable[[str], None] | None = None
     recognise: Recogniser | None = None  # HA's intent matching, for end of turn
+    # Once per link: vad mode without echo cancellation, and the mic hears the
+    # answers (duplex/self_hearing.py). HA raises a repair.
+    on_hears_itself: Callable[[], None] | None = None
 
     def prompt(self) -> str:
         """Return the system prompt of a conversation opening now."""
@@ -175,6 +178,7 @@ class DuplexConversation:
         self._ending: set[asyncio.Task[None]] = set()  # sessions being released
         self._preparing: asyncio.Task[None] | None = None  # the binding's prepare
         self.sessions = 0  # sessions opened on this child
+        self.hears_itself = False  # a session found the mic hears the answers
         self.session = self._new_session(first_seq=0)
 
     @classmethod
@@ -301,6 +305,14 @@ class DuplexConversation:
         session.end()
         self._went_idle(session)
 
+    def _heard_itself(self) -> None:
+        """Remember that the mic hears the answers, for later sessions; tell HA."""
+        if self.hears_itself:
+            return
+        self.hears_itself = True
+        if self.binding.on_hears_itself is not None:
+            self.binding.on_hears_itself()
+
     def _new_session(self, *, first_seq: int) -> DuplexSession:
         binding = self.binding
         self.sessions += 1
@@ -319,6 +331,8 @@ class DuplexConversation:
             dsp=self.dsp,
             first_seq=first_seq,
             recognise=binding.recognise,
+            hears_itself=self.hears_itself,
+            on_hears_itself=self._heard_itself,
         )
         # In order with any audio of an earlier session still on the worker.
         self.dsp.submit(self._segmenter.restart)

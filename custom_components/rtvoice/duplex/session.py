@@ -78,6 +78,7 @@ from .segmenter import (
     UtteranceSegmenter,
     UtteranceStarted,
 )
+from .self_hearing import SelfHearing
 from .sentences import Sentence, SentenceSplitter
 from .turn import Eagerness, TurnVerdict, judge_turn, unfinished
 from .worker import DspWorker
@@ -138,6 +139,7 @@ class SessionStats:
     confirmed_speculations: int = 0  # confirmed by the hangover: played
     preempted: int = 0  # withdrawn: the user went on speaking
     vad_tails: int = 0  # the VAD's tail after an early end, no energy: dropped
+    hears_itself: bool = False  # vad without echo cancellation, the mic hears answers
 
 
 @dataclass(slots=True)
@@ -172,6 +174,7 @@ class _FrameResult:
     gate_open: bool
     segment_event: SegmentEvent | None
     in_utterance: bool
+    level: float  # the frame's level (dBFS) at the gate
 
 
 @dataclass
@@ -218,6 +221,8 @@ class DuplexSession:
         clock: Clock | None = None,
         on_end: Callable[[], None] | None = None,
         on_state: Callable[[SessionState], None] | None = None,
+        on_hears_itself: Callable[[], None] | None = None,
+        hears_itself: bool = False,
         dsp: DspWorker | None = None,
         first_seq: int = 0,
         recognise: Recogniser | None = None,
@@ -229,7 +234,11 @@ class DuplexSession:
         The session does not own it. Rounds up to ``first_seq`` are not its own (an
         earlier session of the same child): their output is ignored.
         ``recognise(text)``: whether the words are a whole command (HA's intent
-        matching), for ``options.eagerness``.
+        matching), for ``options.eagerness``. ``on_hears_itself()``: called once
+        when, in ``vad`` mode without echo cancellation, the mic turns out to hear
+        the answers (see self_hearing.py); from then on only the wake word or the
+        button interrupts the conversation's answers. ``hears_itself``: known
+        already (an earlier conversation of the satellite found it).
         """
         self.options = options if options is not None else DuplexOptions()
         self._child = child
@@ -239,6 +248,12 @@ class DuplexSession:
         self._echo = echo
         self._on_end = on_end
         self._on_state = on_state
+        self._on_hears_itself = on_hears_itself
+        self._self_hearing = (
+            SelfHearing()
+            if echo is None and self.options.barge_in is BargeIn.VAD
+            else None
+        )
         self.segmenter = segmenter if segmenter is not None else UtteranceSegmenter()
         self._recognise = recognise
         self._eagerness = self.options.eagerness
@@ -260,7 +275,7 @@ class DuplexSession:
             lead_ms=self.options.lead_ms,
         )
         self.state = SessionState.LISTENING
-        self.stats = SessionStats()
+        self.stats = SessionStats(hears_itself=hears_itself)
         self._chunker = FrameChunker(FRAME_BYTES)
         self._reference_chunker = FrameChunker(FRAME_BYTES)  # the device's own
         self._timeline = MicTimeline()
@@ -481,6 +496,7 @@ class DuplexSession:
             gate_open,
             segment_event,
             self.segmenter.in_utterance,
+            self.gate.level,
         )
 
     def _apply(self, epoch: int, results: list[_FrameResult]) -> None:
@@ -499,7 +515,9 @@ class DuplexSession:
         self._gate_open = result.gate_open
         if not stale:
             self._in_utterance = result.in_utterance
-        vad_mode = self.options.barge_in is BargeIn.VAD
+        if self._self_hearing is not None:
+            self._check_self_hearing(result.level)
+        vad_mode = self._voice_barge_in
         if self._gate_open or gate_event is GateEvent.ONSET:
             self._utterance.energy = True
 
@@ -527,6 +545,28 @@ class DuplexSession:
             self._resume()  # the VAD found no speech: a false onset
         self._count_silence()
 
+    @property
+    def _voice_barge_in(self) -> bool:
+        """Whether the user's voice may interrupt an answer (``vad``, not deaf to it)."""
+        return self.options.barge_in is BargeIn.VAD and not self.stats.hears_itself
+
+    def _check_self_hearing(self, level: float) -> None:
+        assert self._self_hearing is not None
+        if self.stats.hears_itself or not self._self_hearing.mic(level):
+            return
+        self.stats.hears_itself = True
+        if self._utterance.over_answer:
+            self._utterance.ignored = True  # what it hears now is the answer
+        if self.state is SessionState.PAUSED:
+            self._resume()
+        _LOGGER.warning(
+            "The satellite's microphone hears its own answers (echo cancellation is"
+            " off): barge-in by voice is off for this conversation; the wake word"
+            " or the button interrupts"
+        )
+        if self._on_hears_itself is not None:
+            self._on_hears_itself()
+
     def _no_speech_confirmed(self) -> bool:
         """Return True when the VAD has had its chance to find speech, and has not."""
         if self._in_utterance or self._stt_pending():
@@ -544,7 +584,7 @@ class DuplexSession:
             SessionState.PAUSED,
         )
         self._utterance = _Track(
-            ignored=playing and self.options.barge_in is not BargeIn.VAD,
+            ignored=playing and not self._voice_barge_in,
             over_answer=playing,
             energy=self._gate_open,
             vad_tail=self._early_end_ms is not None
@@ -951,6 +991,8 @@ class DuplexSession:
             self._child.acknowledge(answer.seq, heard)
 
     async def _send_frame(self, frame: bytes) -> None:
+        if self._self_hearing is not None:
+            self._self_hearing.played(frame_dbfs(frame))
         if self._echo is not None:
             if self.player.frame_follows:
                 # Back to back on the device: the reference continues sample for
