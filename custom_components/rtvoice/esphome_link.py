@@ -356,14 +356,17 @@ class ApiAudioOutput:
             if await self._link.call_action(ACTION_UNMUTE):
                 self._link.speaker_muted = False
         finally:
-            player.release()
+            # Not when ended from outside: a newer hold may be on the player by then.
+            if self._unmuting is asyncio.current_task():
+                self._unmuting = None
+                player.release()
 
     def _end_unmute(self) -> None:
         unmuting, self._unmuting = self._unmuting, None
-        if unmuting is not None and not unmuting.done():
-            unmuting.cancel()  # its ``finally`` releases the player
-        if self.player is not None and unmuting is not None:
-            self.player.release()
+        if unmuting is not None:
+            unmuting.cancel()
+            if self.player is not None:
+                self.player.release()
 
     def finish(self) -> None:
         """Nothing to do: the tail after the last frame has run or is running."""
