@@ -271,10 +271,10 @@ def follow_states(r: Any) -> Marks:
     return marks
 
 
-async def wait_heard(r: Any, speaker: SpeakerPath) -> None:
-    """Wait until the loudspeaker has emitted something."""
-    for _ in range(500):
-        if speaker.played:
+async def wait_heard(r: Any, speaker: SpeakerPath, ms: int = 0) -> None:
+    """Wait until the loudspeaker has emitted something (``ms`` of audio at least)."""
+    for _ in range(2000):
+        if speaker.played and len(speaker.heard_pcm()) >= ms * BYTES_PER_MS:
             return
         mark = r.device.mark()
         await asyncio.wait_for(
@@ -354,7 +354,7 @@ async def test_s3_duplex_false_onset_resumes_from_what_was_heard(clip) -> None:
 
         player.enqueue = tap  # type: ignore[method-assign]
         speaking = await r.states.wait_for(SessionState.SPEAKING)
-        await wait_heard(r, speaker)
+        await wait_heard(r, speaker, 600)  # well into the answer
         r.device.say(noise(200, -12.0), wake_word=None)
         paused = await r.states.wait_for(SessionState.PAUSED, speaking)
         await r.states.wait_for(SessionState.SPEAKING, paused)  # resumed
