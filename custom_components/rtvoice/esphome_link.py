@@ -461,8 +461,16 @@ class HalfDuplexOutput(ApiAudioOutput):
         self._end(played=True)
 
     def stop(self) -> None:
-        """End the device's run: the answer was cut."""
-        super().stop()
+        """End the device's run: the answer was cut.
+
+        No silence tail: the run ends and the next start clears the buffer
+        (START_MICROPHONE), while a tail would start the speaker again and hold
+        the shared bus (and the firmware's ``end_run``, waiting for the speaker
+        to stop) until its 500 ms idle stop.
+        """
+        self._end_tail()
+        if self._link.stops_speaker:
+            self._link.stop_speaker()
         self._end(played=False)
 
     def _end(self, *, played: bool) -> None:
