@@ -21,6 +21,13 @@ buffer, I2S ring, 5 x 10 ms DMA, start latency, idle stop), not from frames sent
   not modelled), over a chain of barge-ins.
 - 23: per profile, a full turn and a barge-in turn pass; answer audio heard =
   answer audio sent; bytes the device dropped.
+- 28 (s3-duplex): mic audio of a request said right after a wake-word barge-in
+  that never reached the link: the project firmware's event path, and its
+  stop → start path (``end_run``, then a new start: what firmware without
+  duplex mode does).
+
+(The numbers above are the rows' old names: now 24, 25, 26, 27.) Row 24 runs
+the project firmware (``ProjectFirmware``: silenced at the pause).
 
 Run: ``.venv/bin/python scripts/bench_duplex_profiles.py [--quick] [--only 20,23]``.
 """
@@ -36,6 +43,8 @@ from pathlib import Path
 import random
 import sys
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -59,7 +68,9 @@ from scripts.bench_duplex_esphome import (
 from scripts.bench_kernel import Row
 from tests.duplex.test_media_fallback import stream_server
 from tests.peers.esphome import EmulatedDevice, Kind
+from tests.peers.esphome.actions import ProjectFirmware
 from tests.peers.esphome.i2s import BYTES_PER_S, Played
+from tests.peers.esphome.mic import FRAME_SECONDS, Frame
 from tests.peers.speech import speak
 
 
@@ -73,16 +84,27 @@ class Sat:
     states: States
     api_bytes: int = 0
     bytes_at_pause: int | None = None
+    firmware: ProjectFirmware | None = None
 
 
 @contextlib.asynccontextmanager
 async def profile_satellite(
-    profile: str, binding: DuplexBinding, streams: StreamRegistry | None
+    profile: str,
+    binding: DuplexBinding,
+    streams: StreamRegistry | None,
+    *,
+    project: bool = False,
+    mic: RoomMic | None = None,
 ) -> AsyncIterator[Sat]:
-    """Yield a connected profile device and the product's link to it."""
+    """Yield a connected profile device and the product's link to it.
+
+    ``project``: the device runs the project firmware's actions and scripts
+    (``ProjectFirmware``: silence at a pause, barge-in events).
+    """
     loop = asyncio.get_running_loop()
     async with EmulatedDevice(profile=profile, encrypted=True) as device:
-        mic = RoomMic(loop, None)
+        firmware = ProjectFirmware(device) if project else None
+        mic = mic or RoomMic(loop, None)
         states = States()
         note_state = states.__call__
         holder: list[Sat] = []
@@ -105,7 +127,7 @@ async def profile_satellite(
             on_state=on_state,
             streams=streams,
         )
-        sat = Sat(device, mic, link, states)
+        sat = Sat(device, mic, link, states, firmware=firmware)
         holder.append(sat)
         device.voice.mic = mic
         original = device.voice.on_audio
@@ -163,7 +185,9 @@ class Chain:
     dropped: int = 0
 
 
-async def barge_chain(profile: str, trials: int, seed: int) -> Chain:
+async def barge_chain(
+    profile: str, trials: int, seed: int, *, project: bool = False
+) -> Chain:
     """One conversation on ``profile``, ``trials`` ``vad`` barge-ins (one warm-up)."""
     rng = random.Random(seed)
     speech = InstantSpeech(await asyncio.to_thread(answer_clips))
@@ -181,7 +205,7 @@ async def barge_chain(profile: str, trials: int, seed: int) -> Chain:
             kernel_and_peer(speech, options, echo=False, answer=ANSWER)
         )
         sat = await stack.enter_async_context(
-            profile_satellite(profile, binding, streams)
+            profile_satellite(profile, binding, streams, project=project)
         )
         await open_conversation(sat, ask)
         for trial in range(-1, trials):
@@ -241,7 +265,13 @@ async def barge_chain(profile: str, trials: int, seed: int) -> Chain:
             else:
                 speaker = sat.device.loudspeaker
                 assert speaker is not None
-                silent = heard_at_offset(speaker.played, offset)
+                stops = speaker.silenced_at
+                first_pause = pauses[0] if pauses else spoken.onset_at
+                silenced = [at for at in stops if at >= first_pause]
+                # Silenced by the firmware's action (the pause), else played out.
+                silent = (
+                    silenced[0] if silenced else heard_at_offset(speaker.played, offset)
+                )
             if silent is None:
                 continue
             chain.onset_to_silent.append(silent - spoken.onset_at)
@@ -251,6 +281,109 @@ async def barge_chain(profile: str, trials: int, seed: int) -> Chain:
         if sat.device.loudspeaker is not None:
             chain.dropped = sat.device.loudspeaker.dropped_bytes
     return chain
+
+
+class LiveMic(RoomMic):
+    """The room goes on in real time: speech said while nothing captures is lost.
+
+    ``say_now`` starts a clip at this moment; at each capture, the speech that
+    played since the last capture ended (the device's mic was stopped) is
+    dropped and counted (``lost``): a stop → start firmware's gap.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Nothing said yet."""
+        super().__init__(loop, None)
+        self._until: float | None = None
+        self.lost = 0
+
+    def say_now(self, pcm: bytes) -> None:
+        """Say ``pcm`` from now on (no zero sample: each is counted when sent)."""
+        samples = np.frombuffer(pcm, dtype="<i2").copy()
+        samples[samples == 0] = 1
+        self.clear()
+        self.queue(samples.tobytes())
+        self._until = self.loop.time()
+        self.lost = 0
+
+    def capture(self, index: int) -> Frame:
+        """Drop what was said while nothing captured, then capture frame ``index``."""
+        now = self.loop.time()
+        # Index 0: a new capture began (a new run); what was said since the last
+        # one ended was heard by nobody. (Within a run frames follow each other.)
+        if index == 0 and self.pending and self._until is not None:
+            gap = 2 * int((now - FRAME_SECONDS - self._until) * 16000)
+            if gap > 0:
+                drop = min(gap, self.pending)
+                del self._pending[:drop]
+                self.lost += drop
+        self._until = now
+        return super().capture(index)
+
+
+@dataclass
+class Lost:
+    """Words said right after a wake-word barge-in that never reached the link."""
+
+    said_s: list[float] = field(default_factory=list)
+    lost_s: list[float] = field(default_factory=list)
+
+
+async def words_lost(trials: int, *, project: bool) -> Lost:
+    """Wake word over the answer, then a request at once; the mic audio lost.
+
+    ``project``: the project firmware in duplex (the event, the run goes on);
+    else the same firmware's stop → start path (``end_run`` then a new start,
+    as on_wake_word does outside duplex and a stock firmware does).
+    """
+    rng = random.Random(3)
+    loop = asyncio.get_running_loop()
+    speech = InstantSpeech(await asyncio.to_thread(answer_clips))
+    ask = await asyncio.to_thread(speak, ASK, lead_ms=0, tail_ms=300)
+    request = await asyncio.to_thread(
+        speak, "turn on the kitchen lights please", lead_ms=0, tail_ms=300
+    )
+    options = DuplexOptions(barge_in=BargeIn.WAKE_WORD, end_silence_ms=0)
+    result = Lost()
+    mic = LiveMic(loop)
+    async with contextlib.AsyncExitStack() as stack:
+        binding, _ = await stack.enter_async_context(
+            kernel_and_peer(speech, options, echo=False, answer=ANSWER)
+        )
+        sat = await stack.enter_async_context(
+            profile_satellite("s3-duplex", binding, None, project=project, mic=mic)
+        )
+        voice = sat.device.voice
+        delivered = [0]
+        send_frame = voice._send_frame  # noqa: SLF001 - count what reaches the link
+
+        def counted(run: Any, frame: Frame) -> None:
+            delivered[0] += int(np.count_nonzero(np.frombuffer(frame.pcm, "<i2")))
+            send_frame(run, frame)
+
+        voice._send_frame = counted  # type: ignore[method-assign]  # noqa: SLF001
+        await open_conversation(sat, ask)
+        for _trial in range(trials):
+            await asyncio.sleep(rng.uniform(0.4, 0.9))  # into the answer
+            speech.reply = "turn on the kitchen lights please"
+            mark = sat.states.mark()
+            delivered[0] = 0
+            mic.say_now(request)
+            said = mic.pending // 2
+            if sat.firmware is not None:
+                assert sat.firmware.wake_word() is None  # reported: the run goes on
+            else:
+                sat.device.press_button()  # end_run, then voice_assistant.start
+            said_at = loop.time()
+            await asyncio.wait_for(
+                sat.states.wait_for(SessionState.SPEAKING, after=mark), SAFETY
+            )
+            # The clip's end (its trailing silence) may come after the answer
+            # starts: count once all of it had its time to be captured and sent.
+            await asyncio.sleep(max(0.0, said_at + said / 16000 + 0.1 - loop.time()))
+            result.said_s.append(said / 16000)
+            result.lost_s.append(max(0, said - delivered[0]) / 16000)
+    return result
 
 
 @dataclass
@@ -349,7 +482,7 @@ def show(row: Row) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     """Run the selected rows."""
-    rows = {"24", "25", "26", "27"}
+    rows = {"24", "25", "26", "27", "28"}
     if args.only:
         rows &= {r.strip() for r in args.only.split(",")}
     results: dict[str, Turns] = {}
@@ -363,10 +496,11 @@ async def main(args: argparse.Namespace) -> None:
             if "27" in rows or profile == "atom-echo":
                 results[profile] = await turns(profile)
     if "24" in rows:
-        chain = await barge_chain("s3-duplex", args.trials, seed=1)
+        chain = await barge_chain("s3-duplex", args.trials, seed=1, project=True)
         show(
             Row(
-                "24 s3-duplex (vad, no echo): speech onset in the mic → the cut"
+                "24 s3-duplex, project firmware (vad, no echo): speech onset in the"
+                " mic → the cut"
                 " answer's last sample leaves the loudspeaker (heard, device queue"
                 f" included), {chain.cut} barge-ins ({chain.missed} utterances the"
                 " VAD did not take as words)",
@@ -406,6 +540,20 @@ async def main(args: argparse.Namespace) -> None:
                     "—",
                 )
             )
+    if "28" in rows:
+        project = await words_lost(args.lost_trials, project=True)
+        restart = await words_lost(args.lost_trials, project=False)
+        show(
+            Row(
+                "28 s3-duplex: words lost at a wake-word barge-in (a request said"
+                " right after the wake word; its mic audio that never reached the"
+                f" link), {len(project.lost_s)} barge-ins each",
+                f"project firmware (event, the run goes on): {ms(project.lost_s)}"
+                f" lost of {ms(project.said_s)} said; stop → start (end_run then"
+                f" a new start): {ms(restart.lost_s)} lost",
+                "0 on the project firmware",
+            )
+        )
     if "27" in rows:
         parts = []
         for profile, t in results.items():
@@ -428,11 +576,12 @@ def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=55, help="row 24 barge-ins")
     parser.add_argument("--media-trials", type=int, default=10, help="row 26")
+    parser.add_argument("--lost-trials", type=int, default=10, help="row 28")
     parser.add_argument("--quick", action="store_true", help="short runs")
-    parser.add_argument("--only", help="comma-separated row numbers (24-27)")
+    parser.add_argument("--only", help="comma-separated row numbers (24-28)")
     parsed, _unknown = parser.parse_known_args()
     if parsed.quick:
-        parsed.trials, parsed.media_trials = 8, 3
+        parsed.trials, parsed.media_trials, parsed.lost_trials = 8, 3, 3
     return parsed
 
 

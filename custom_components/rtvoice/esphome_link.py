@@ -38,7 +38,10 @@ turns each device-initiated start (the wake word) into a ``DuplexConversation``:
   the button during a run arrives as the event ``esphome.rtvoice_barge_in``
   without ending the run: the mic keeps streaming, no word is lost, the answer is
   cut and ``rtvoice_stop_speaker`` silences the speaker now (every cut answer
-  calls it: ``ApiAudioOutput.stop``);
+  calls it: ``ApiAudioOutput.stop``); a firmware that also offers
+  ``rtvoice_silence_speaker`` and ``rtvoice_unmute_speaker`` is silenced already
+  at a pause (a speech onset that may not be words), and a resumed answer is sent
+  again from where the user stopped hearing it (``ApiAudioOutput.pause``);
 - the firmware announces each start it makes itself (``esphome.rtvoice_start``),
   and ``request_start`` asks for one (``start_listening``): when no start request
   follows within ``LinkConfig.start_timeout``, another API client owns the voice assistant
@@ -83,6 +86,7 @@ from aioesphomeapi import (
 from aioesphomeapi.model import UserService
 
 from .duplex import DspWorker, SessionState, UtteranceSegmenter
+from .duplex.audio import BYTES_PER_MS
 from .duplex.player import PacedPlayer
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 from .duplex_stream import MediaStreamOutput, StreamOpener
@@ -108,6 +112,13 @@ CONFIG_TIMEOUT = 10.0  # seconds for the voice assistant configuration to come b
 # The project firmware's API actions and events (firmware/packages/voice.yaml).
 ACTION_DUPLEX = "rtvoice_duplex"  # enabled: a barge-in is reported, not a restart
 ACTION_STOP_SPEAKER = "rtvoice_stop_speaker"  # the speaker stops, drops its buffer
+ACTION_SILENCE = "rtvoice_silence_speaker"  # mute, then stop: silent, queue dropped
+ACTION_UNMUTE = "rtvoice_unmute_speaker"  # the next answer audio is heard again
+# What a silenced speaker had played of the answer lags the player's model by the
+# I2S speaker's DMA: 5 buffers of 10 ms always queued (i2s_audio_speaker_standard.cpp
+# DMA_BUFFERS_COUNT x DMA_BUFFER_DURATION_MS), so a resume goes back by that much.
+OUTPUT_LAG_MS = 50
+FLUSH_MS = 100  # muted silence after a silence: restarts the speaker, drains the buffer
 ACTION_START_LISTENING = "start_listening"  # base.yaml: open the mic, no wake word
 EVENT_BARGE_IN = "esphome.rtvoice_barge_in"  # trigger: wake_word, stop or button
 EVENT_START = "esphome.rtvoice_start"  # the device requests a start right after
@@ -194,9 +205,21 @@ class ApiAudioOutput:
     answer) until it ends (``idle``) the output therefore sends 10 ms of silence
     whenever nothing was sent for ``KEEPALIVE_S``: the speaker never stops
     mid-conversation and an answer finds it running.
+
+    On the project firmware with ``rtvoice_silence_speaker`` (``speaker.mute_on``
+    then ``speaker.stop``) a pause silences the speaker at once: the I2S task ends
+    and drops its ring and DMA, and what still waits in the 16 KiB buffer (the
+    firmware has no way to clear it from outside) plays muted, pushed out by
+    ``FLUSH_MS`` of silence that also restarts the speaker. The paused player goes
+    back to what the user heard (``PacedPlayer.rewind``, ``OUTPUT_LAG_MS`` before
+    its model's position: at most that much is heard twice, nothing is skipped).
+    Before audio follows again (a resume, the next answer) the player is held
+    until the flush has run and ``rtvoice_unmute_speaker`` was sent. A cut drops
+    the rest as before (silencing first when the speaker was not silent).
     """
 
     keepalive = True
+    silences = True  # may use rtvoice_silence_speaker when the firmware has it
 
     def __init__(self, link: EsphomeLink) -> None:
         """Send through ``link``'s current connection."""
@@ -205,11 +228,25 @@ class ApiAudioOutput:
         self._timer: asyncio.TimerHandle | None = None
         self._tail: asyncio.Task[None] | None = None
         self._alive: asyncio.TimerHandle | None = None
+        self.player: PacedPlayer | None = None  # the live session's (``bind``)
+        self._frames = 0  # answer frames sent
+        self._silent_after: int | None = None  # ``_frames`` at the last silence
+        self._silencing: asyncio.Task[None] | None = None  # the action, the flush
+        self._unmuting: asyncio.Task[None] | None = None
+
+    def bind(self, player: PacedPlayer) -> None:
+        """Follow ``player`` (the session's; a resumed conversation has a new one)."""
+        self.player = player
+
+    @property
+    def _silences(self) -> bool:
+        return self.silences and self._link.silences_speaker
 
     async def send(self, frame: bytes) -> None:
         """Send one frame over the API connection (dropped when disconnected)."""
         self._end_tail()
         self._frame_bytes = len(frame) or self._frame_bytes
+        self._frames += 1
         await self._send(frame)
         self._timer = asyncio.get_running_loop().call_later(
             TAIL_AFTER_S, self._start_tail
@@ -244,19 +281,92 @@ class ApiAudioOutput:
             )
 
     def pause(self) -> None:
-        """No frame follows: ``PUSH_MS`` of silence push out what waits, no tail.
+        """No frame follows: silence the speaker now, or push out what waits.
 
-        What waits in the buffer (the ring was full when the last frames came, about
-        one frame) then plays right after the ring, not at the next message; the
-        answer may resume.
+        With ``rtvoice_silence_speaker`` the speaker is silenced and the paused
+        player goes back to what was heard (see the class docstring). Else
+        ``PUSH_MS`` of silence push out what waits in the buffer (the ring was full
+        when the last frames came, about one frame): it plays right after the
+        ring, not at the next message; the answer may resume.
         """
+        self._end_unmute()
+        if self._silences:
+            player = self.player
+            if self.silence() and player is not None:
+                heard = player.paused_at_played
+                if heard is None:
+                    heard = player.played_bytes()
+                player.rewind(heard - OUTPUT_LAG_MS * BYTES_PER_MS)
+            return
         self._end_tail()
         self._tail = asyncio.get_running_loop().create_task(
             self._send_tail(PUSH_MS), name="rtvoice api audio push"
         )
 
+    def silence(self) -> bool:
+        """Silence the speaker now (``rtvoice_silence_speaker``), then flush it muted.
+
+        Nothing is called when no answer frame was sent since the last silence
+        (the speaker is silent and muted already). False: the firmware has no
+        such action, or no connection.
+        """
+        if not self._silences:
+            return False
+        if self._frames == (self._silent_after or 0) and (
+            self._link.speaker_muted or self._silent_after is None
+        ):
+            return True  # silent already, or nothing of ours ever played
+        if self._link.client is None:
+            return False
+        self._end_tail()
+        self._silent_after = self._frames
+        self._link.speaker_muted = True
+        self._silencing = self._tail = asyncio.get_running_loop().create_task(
+            self._silence(), name="rtvoice speaker silence"
+        )
+        return True
+
+    async def _silence(self) -> None:
+        await self._link.call_action(ACTION_SILENCE)  # sent before the flush
+        await self._send_tail(FLUSH_MS)
+
+    def begin(self, player: PacedPlayer) -> None:
+        """Unmute the speaker first when it was silenced (an answer starts)."""
+        self.player = player
+        self._unmute_first(player)
+
     def resume(self) -> None:
-        """Nothing to do: frames follow."""
+        """Frames follow: unmute the speaker first when it was silenced."""
+        if self.player is not None:
+            self._unmute_first(self.player)
+
+    def _unmute_first(self, player: PacedPlayer) -> None:
+        if not self._silences or not self._link.speaker_muted:
+            return
+        self._end_unmute()
+        player.hold()  # before the player's task runs: no frame goes first
+        self._unmuting = asyncio.get_running_loop().create_task(
+            self._unmute(player), name="rtvoice speaker unmute"
+        )
+
+    async def _unmute(self, player: PacedPlayer) -> None:
+        try:
+            if (silencing := self._silencing) is not None and not silencing.done():
+                await asyncio.wait((silencing,))  # muted: what waited has gone
+            if await self._link.call_action(ACTION_UNMUTE):
+                self._link.speaker_muted = False
+        finally:
+            # Not when ended from outside: a newer hold may be on the player by then.
+            if self._unmuting is asyncio.current_task():
+                self._unmuting = None
+                player.release()
+
+    def _end_unmute(self) -> None:
+        unmuting, self._unmuting = self._unmuting, None
+        if unmuting is not None:
+            unmuting.cancel()
+            if self.player is not None:
+                self.player.release()
 
     def finish(self) -> None:
         """Nothing to do: the tail after the last frame has run or is running."""
@@ -264,10 +374,14 @@ class ApiAudioOutput:
     def stop(self) -> None:
         """Cut: silence the speaker (project firmware), else push out what waits.
 
-        With ``rtvoice_stop_speaker`` the device drops what its speaker holds; a
-        firmware without it plays its lead out, and what waits in its buffer is
-        pushed out now rather than at the start of the next answer.
+        With ``rtvoice_silence_speaker`` or ``rtvoice_stop_speaker`` the device
+        drops what its speaker holds; a firmware without them plays its lead out,
+        and what waits in its buffer is pushed out now rather than at the start of
+        the next answer.
         """
+        self._end_unmute()
+        if self.silence():
+            return
         self._end_tail()
         if self._link.stops_speaker:
             self._link.stop_speaker()
@@ -275,7 +389,8 @@ class ApiAudioOutput:
         self._start_tail()
 
     async def aclose(self) -> None:
-        """End the tail and the keepalive."""
+        """End the tail, the keepalive and an unmute on its way."""
+        self._end_unmute()
         self.idle()
 
     def _start_tail(self) -> None:
@@ -324,6 +439,7 @@ class HalfDuplexOutput(ApiAudioOutput):
     """
 
     keepalive = False  # the speaker must stop: it frees the bus for the mic
+    silences = False  # a cut ends the run: START_MICROPHONE clears the buffer
 
     def __init__(self, link: EsphomeLink) -> None:
         """Send through ``link``; it sends the events."""
@@ -345,8 +461,16 @@ class HalfDuplexOutput(ApiAudioOutput):
         self._end(played=True)
 
     def stop(self) -> None:
-        """End the device's run: the answer was cut."""
-        super().stop()
+        """End the device's run: the answer was cut.
+
+        No silence tail: the run ends and the next start clears the buffer
+        (START_MICROPHONE), while a tail would start the speaker again and hold
+        the shared bus (and the firmware's ``end_run``, waiting for the speaker
+        to stop) until its 500 ms idle stop.
+        """
+        self._end_tail()
+        if self._link.stops_speaker:
+            self._link.stop_speaker()
         self._end(played=False)
 
     def _end(self, *, played: bool) -> None:
@@ -382,6 +506,8 @@ class _FollowedOutput:
     def __call__(self, state: SessionState) -> None:
         previous, self._state = self._state, state
         output = self.output
+        if (bind := getattr(output, "bind", None)) and self.conversation is not None:
+            bind(self.conversation.session.player)
         begin = getattr(output, "begin", None)
         if (
             begin is not None
@@ -498,6 +624,7 @@ class EsphomeLink:
         self.voice_refused = False  # a start went to another API client
         self.barge_in_events = 0  # esphome.rtvoice_barge_in events acted on
         self._speaker_silent = True  # no answer audio sent since the last stop
+        self.speaker_muted = False  # rtvoice_silence_speaker muted it (this run)
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -813,6 +940,7 @@ class EsphomeLink:
         """Tell the device its run started; feed the audio that came meanwhile."""
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_RUN_START, {})
         self._send_event(VoiceAssistantEventType.VOICE_ASSISTANT_STT_START, {})
+        self.speaker_muted = False  # the firmware's on_start: speaker.mute_off
         output = self._outputs.get(conversation)
         if (wake := getattr(output, "wake", None)) is not None:
             wake()  # the device allocated its buffers at this start
@@ -990,6 +1118,7 @@ class EsphomeLink:
         self.services = {}
         self._duplex_on = False
         self._speaker_silent = True  # a device that lost its client stops playing
+        self.speaker_muted = False  # on_client_disconnected: speaker.mute_off
         if (watch := self._start_watch) is not None:
             self._start_watch = None
             watch.cancel()
@@ -1014,13 +1143,36 @@ class EsphomeLink:
         _LOGGER.debug("%s: barge-in by %s", self.name, trigger or "the device")
         # The device's queue is not in the player's model (ring, DMA, start
         # latency): whatever was sent may still play, so stop it in any case.
-        self.stop_speaker()
+        output = self._outputs.get(conversation)
+        silence = getattr(output, "silence", None)
+        if silence is None or not silence():
+            self.stop_speaker()
         conversation.session.wake_word_detected()
 
     @property
     def stops_speaker(self) -> bool:
         """Whether the firmware offers ``rtvoice_stop_speaker`` (the project's)."""
         return ACTION_STOP_SPEAKER in self.services
+
+    @property
+    def silences_speaker(self) -> bool:
+        """Whether the firmware can silence at a pause and unmute again (the project's)."""
+        return ACTION_SILENCE in self.services and ACTION_UNMUTE in self.services
+
+    async def call_action(self, name: str, data: dict[str, Any] | None = None) -> bool:
+        """Run the firmware's API action ``name``, sent once this returns; False: none."""
+        client, service = self.client, self.services.get(name)
+        if client is None or service is None:
+            return False
+        execute: Callable[..., Any] = client.execute_service
+        try:
+            # None on aioesphomeapi 29.x (sent); a coroutine that sends on 46+.
+            sent = execute(service, data or {})
+            if inspect.isawaitable(sent):
+                await sent
+        except APIConnectionError:
+            return False
+        return True
 
     def stop_speaker(self) -> bool:
         """Silence the device's speaker now (``rtvoice_stop_speaker``); False: none.

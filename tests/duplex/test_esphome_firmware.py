@@ -26,6 +26,7 @@ from custom_components.rtvoice.duplex import BargeIn, DuplexOptions, SessionStat
 from custom_components.rtvoice.duplex_link import DuplexBinding, RoundEnds
 from custom_components.rtvoice.esphome_link import (
     ACTION_DUPLEX,
+    ACTION_SILENCE,
     ACTION_STOP_SPEAKER,
     EsphomeLink,
     LinkConfig,
@@ -201,7 +202,7 @@ async def test_barge_in_on_the_project_firmware_keeps_the_run(clip, how: str) ->
 
     The firmware reports it (``esphome.rtvoice_barge_in``) because the link turned
     ``rtvoice_duplex`` on at its first run; the link cuts the answer where it was
-    heard and silences the speaker (``rtvoice_stop_speaker``) right after the event.
+    heard and silences the speaker (``rtvoice_silence_speaker``) right after the event.
     """
     async with rig() as r:
         r.peer.enqueue(Text(LONG))
@@ -226,7 +227,8 @@ async def test_barge_in_on_the_project_firmware_keeps_the_run(clip, how: str) ->
             and getattr(e.message, "service", "") == EVENT_BARGE_IN
         ]
         assert len(sent) == 1 and sent[0].index < stopped.index
-        assert len(r.calls(ACTION_STOP_SPEAKER)) >= 1
+        assert len(r.calls(ACTION_SILENCE)) >= 1  # mute, then stop
+        assert r.calls(ACTION_STOP_SPEAKER) == []  # the older firmware's action
         assert len(r.device.runs) == 1  # no stop, no new start
         assert r.device.runs[0].mic_stop_reason == "run_end"  # streamed throughout
         assert r.link.barge_in_events == 1

@@ -228,9 +228,14 @@ async def rig(
     psk: str | None = None,
     connect: bool = True,
     idle_timeout_s: float = 300.0,
+    firmware: Callable[[EmulatedDevice], Any] | None = None,
     **device_options: Any,
 ) -> AsyncIterator[Rig]:
-    """Start the peers, the device, the kernel and the link; tear all down."""
+    """Start the peers, the device, the kernel and the link; tear all down.
+
+    ``firmware`` installs on the device before the link connects (for example
+    ``actions.ProjectFirmware``: its API actions are listed at connect).
+    """
     if "profile" not in device_options:  # a profile brings its own firmware
         device_options = {
             "esphome_version": FIRMWARE,
@@ -243,6 +248,8 @@ async def rig(
         WyomingSttServer(phrases=list(phrases)) as stt,
         WyomingTtsServer() as tts,
     ):
+        if firmware is not None:
+            firmware(device)
         round_ends = RoundEnds()
         tools = DeviceAction()
         kernel = Kernel(

@@ -9,6 +9,12 @@ lead is left. ``pause()`` stops sending at once — no frame is sent after it re
 Positions are byte offsets in everything sent to the transport since the player was
 made (padding included). ``played_bytes()`` is what the device has played by now:
 sent minus what is still queued there.
+
+A device that can drop what it holds (the project firmware's speaker action) lets
+the paused player go back: ``rewind(position)`` queues again what was sent from
+``position`` on (the last ``RESEND_MS`` of the answer are kept for it), so a resumed
+answer continues where the user stopped hearing it. ``hold()``/``release()`` keep
+frames back without pausing (the device must be ready first).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from .clock import Clock, LoopClock
 _LOGGER = logging.getLogger(__name__)
 
 Send = Callable[[bytes], Awaitable[None]]
+
+RESEND_MS = 1000  # sent audio kept for ``rewind`` (bounded: 32 KB)
 
 
 class PlayerState(enum.Enum):
@@ -68,6 +76,9 @@ class PacedPlayer:
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self.paused_at_played: int | None = None  # played_bytes() when paused
+        self._history = bytearray()  # the last sent bytes, up to ``sent_bytes``
+        self._floor = 0  # no rewind before this (the start of the current answer)
+        self.held = False  # ``hold``: nothing is sent until ``release``
 
     # --- feeding -----------------------------------------------------------------
 
@@ -109,10 +120,44 @@ class PacedPlayer:
             self.paused_at_played = None
             self._kick()
 
+    def hold(self) -> None:
+        """Send nothing until ``release`` (pause and resume go on meanwhile)."""
+        self.held = True
+
+    def release(self) -> None:
+        """End ``hold``."""
+        if self.held:
+            self.held = False
+            self._kick()
+
+    def rewind(self, position: int) -> int:
+        """Paused, the device dropped what it held: send again from ``position``.
+
+        ``position`` is raised to what can be sent again (the current answer's
+        start, the last ``RESEND_MS``); the device's queue counts as empty from
+        now. Return the position sending continues from.
+        """
+        if self.state is not PlayerState.PAUSED:
+            raise RuntimeError("rewind needs a paused player")
+        earliest = max(self._floor, self.sent_bytes - len(self._history))
+        position = min(self.sent_bytes, max(position, earliest))
+        position -= (position - earliest) % 2
+        again = len(self._history) - (self.sent_bytes - position)
+        if again < len(self._history):
+            self._buffer[:0] = self._history[again:]
+            del self._history[again:]
+            self._idle.clear()
+        self.sent_bytes = position
+        self._floor = position  # what was sent before it has been heard
+        self._device_free_at = self.clock.now()
+        return position
+
     def stop(self) -> int:
         """Drop everything not yet sent (and leave pause); return the bytes dropped."""
         dropped = len(self._buffer)
         self._buffer.clear()
+        self._history.clear()
+        self._floor = self.sent_bytes
         self.enqueued_bytes = self.sent_bytes
         self._finished = True
         if self.state is PlayerState.PAUSED:
@@ -173,7 +218,7 @@ class PacedPlayer:
             )
 
     def _next_frame_ready(self) -> bool:
-        if self.state is not PlayerState.PLAYING or not self._buffer:
+        if self.state is not PlayerState.PLAYING or not self._buffer or self.held:
             return False
         return len(self._buffer) >= self.frame_bytes or self._finished
 
@@ -193,6 +238,9 @@ class PacedPlayer:
             frame = bytes(self._buffer[: self.frame_bytes])
             del self._buffer[: self.frame_bytes]
             self.sent_bytes += len(frame)
+            self._history += frame
+            if len(self._history) > RESEND_MS * BYTES_PER_MS:
+                del self._history[: len(self._history) - RESEND_MS * BYTES_PER_MS]
             now = clock.now()
             self.frame_follows = self.sent_bytes > len(frame) and (
                 self._device_free_at >= now

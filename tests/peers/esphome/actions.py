@@ -19,8 +19,10 @@ As ESPHome 2026.10.0 does it (the C++ in the pinned ``esphome`` wheel):
 
 ``ProjectFirmware`` is this project's firmware on top of that: the actions and
 scripts of ``firmware/packages/base.yaml`` and ``voice.yaml`` as written
-(``on_wake_word``, ``on_button``; ``rtvoice_duplex``, ``rtvoice_stop_speaker``,
-``start_listening``, ``stop_listening``).
+(``on_wake_word``, ``on_button``, ``end_run``; ``rtvoice_duplex``,
+``rtvoice_stop_speaker``, ``rtvoice_silence_speaker``, ``rtvoice_unmute_speaker``,
+``start_listening``, ``stop_listening``; ``on_start``: ``speaker.mute_off``).
+``legacy=True`` is the firmware before the silence and unmute actions.
 """
 
 from __future__ import annotations
@@ -185,11 +187,12 @@ class ProjectFirmware:
     went: modelled as "the owner is no longer the one it was set under").
     """
 
-    def __init__(self, device: EmulatedDevice) -> None:
-        """Register the firmware's actions on ``device``."""
+    def __init__(self, device: EmulatedDevice, *, legacy: bool = False) -> None:
+        """Register the firmware's actions on ``device`` (``legacy``: no silence)."""
         self._device = device
         self._duplex = False
         self._duplex_owner: object = None
+        self._scripts: set[asyncio.Task[None]] = set()
         actions = device.actions
         actions.add(Action("start_listening", self._start_listening))
         actions.add(Action("stop_listening", lambda _data: device.abort()))
@@ -197,6 +200,10 @@ class ProjectFirmware:
             Action("rtvoice_duplex", self._set_duplex, (("enabled", ArgType.BOOL),))
         )
         actions.add(Action("rtvoice_stop_speaker", self._stop_speaker))
+        if not legacy:
+            actions.add(Action("rtvoice_silence_speaker", self._silence_speaker))
+            actions.add(Action("rtvoice_unmute_speaker", self._unmute_speaker))
+        device.on_start.append(lambda: self._mute(False))  # on_start: mute_off
 
     @property
     def duplex(self) -> bool:
@@ -210,6 +217,21 @@ class ProjectFirmware:
     def _stop_speaker(self, _data: dict[str, Any]) -> None:
         """``speaker.stop: va_speaker``: what the speaker holds is not heard."""
         self._device.voice.stop_speaker()
+
+    def _mute(self, muted: bool) -> None:
+        """``speaker.mute_on`` / ``speaker.mute_off: va_speaker`` (``i2s.py``)."""
+        path = self._device.voice.speaker_path
+        if path is not None:
+            path.muted = muted
+
+    def _silence_speaker(self, _data: dict[str, Any]) -> None:
+        """``rtvoice_silence_speaker``: ``speaker.mute_on``, then ``speaker.stop``."""
+        self._mute(True)
+        self._device.voice.stop_speaker()
+
+    def _unmute_speaker(self, _data: dict[str, Any]) -> None:
+        """``rtvoice_unmute_speaker``: ``speaker.mute_off``."""
+        self._mute(False)
 
     def _start_listening(self, _data: dict[str, Any]) -> None:
         """``start_listening``: ``voice_assistant.start`` unless running."""

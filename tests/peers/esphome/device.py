@@ -9,6 +9,7 @@ speaker and the record are device-wide, so a client can drop and reconnect.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 import contextlib
 from dataclasses import replace
 from types import TracebackType
@@ -71,6 +72,8 @@ class EmulatedDevice:
         self._events: Record | None = None
         self._voice: VoiceAssistant | None = None
         self.actions = DeviceActions(self)
+        self.on_start: list[Callable[[], None]] = []
+        """The YAML's ``voice_assistant: on_start`` automations (``actions.py``)."""
         """User-defined API actions and HA events (``actions.ProjectFirmware`` adds some)."""
 
     # -- lifecycle -------------------------------------------------------------
@@ -83,6 +86,7 @@ class EmulatedDevice:
         self._voice = VoiceAssistant(
             self.config, self._events, self._make_speaker, self._media_state
         )
+        self._voice.on_start = self.on_start
         self._server = await asyncio.start_server(self._accept, self.host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

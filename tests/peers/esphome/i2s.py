@@ -28,8 +28,19 @@ Raw API audio goes: ``VoiceAssistantAudio`` -> the voice assistant's 16 KiB
   takes only what fits; 5 x 10 ms DMA buffers preloaded with silence, so audio
   leaves the ring and is heard ``DMA_S`` later; the task stops itself when no
   data was read for ``timeout`` (default 500 ms, ``IDLE_STOP_S``) and returns the
-  bus lock. ``stop()`` (``speaker.stop``) ends the task at once: nothing queued
-  is heard after it.
+  bus lock. ``stop()`` (``speaker.stop``; ``I2SAudioSpeakerBase::stop`` ->
+  ``stop_(false)`` sets COMMAND_STOP): ``run_speaker_task`` sees it at its next
+  pass, paced by the blocking write of one 10 ms DMA buffer, and leaves (its ring
+  buffer freed with ``audio_source``); ``loop`` then handles TASK_STOPPED and
+  ``stop_i2s_driver_`` disables the channel, at its next pass (16 ms). Until then
+  the DMA plays on: the loudspeaker is silent ``STOP_S`` after the stop (the worst
+  case), and nothing queued is heard after that. The state is STOPPED at once.
+- ``speaker.mute_on`` / ``mute_off`` (``set_mute_state`` -> ``post_software_gain_``:
+  software gain to silence; at a start the ramp is seeded at the target, so a
+  speaker started muted is silent from its first sample): ``muted``. Here the gain
+  applies as audio enters the ring; the firmware applies it as audio leaves the
+  ring for the DMA (``apply_software_volume_``), and ramps at 1 ms per dB
+  (``GAIN_RAMP_MS_PER_DB``, not modelled).
 
 ``played`` records what the loudspeaker emitted: each ``Played`` span has the loop
 time its first sample was heard and its PCM, cut where a stop silenced it.
@@ -48,6 +59,7 @@ WRITE_CHUNK = 4 * 1024
 BYTES_PER_S = 16000 * 2
 DMA_S = 5 * 0.010
 START_LATENCY_S = 0.032
+STOP_S = 0.010 + 0.016  # the task's next DMA write, then the main loop's next pass
 BUS_RETRY_S = 1.0
 IDLE_STOP_S = 0.5
 
@@ -125,6 +137,8 @@ class SpeakerPath:
         """``speaker.mute_on``: the speaker runs and takes audio, nothing is heard."""
         self.starts = 0
         self.stops: list[tuple[float, str]] = []
+        self.silenced_at: list[float] = []
+        """When the loudspeaker fell silent at each ``stop`` (``STOP_S`` later at most)."""
         self._free_at = 0.0  # when the ring has emptied into the DMA
         self._timer: asyncio.TimerHandle | None = None
         self._running = asyncio.Event()
@@ -224,12 +238,14 @@ class SpeakerPath:
             self._timer = None
         if self.state is SpeakerState.STOPPED:
             return
+        until = now + STOP_S / self._speed
         for span in reversed(self.played):
-            if span.end <= now:
+            if span.end <= until:
                 break
-            keep = max(0, int((now - span.at) * BYTES_PER_S * self._speed))
+            keep = max(0, int((until - span.at) * BYTES_PER_S * self._speed))
             del span.pcm[keep - keep % 2 :]
         self.played = [span for span in self.played if span.pcm]
+        self.silenced_at.append(min(until, max(now, self.silent_from())))
         self._finish_stop(now, why)
 
     def _finish_stop(self, now: float, why: str) -> None:

@@ -111,6 +111,8 @@ class VoiceAssistant:
         self._mic_streaming = False
         self._release: asyncio.TimerHandle | None = None
         self._response_task: asyncio.Task[None] | None = None
+        self.on_start: list[Callable[[], None]] = []
+        """The YAML's ``on_start`` automations (``start_trigger_``, at RUN_START)."""
 
     # -- helpers ---------------------------------------------------------------
 
@@ -467,6 +469,8 @@ class VoiceAssistant:
         if event == EventType.RUN_START:
             self._started_streaming_tts = False
             self._tts_url = data.get("url", "")
+            for automation in self.on_start:  # deferred start_trigger_.trigger()
+                self._loop.call_soon(automation)
         elif event == EventType.STT_VAD_END or (
             event in self._config.mic_stop_events
             and self.state == State.STREAMING_MICROPHONE
@@ -621,9 +625,14 @@ class VoiceAssistant:
         """``speaker.stop`` on the voice assistant's speaker (an action, ``actions.py``).
 
         ``i2s_audio_speaker.cpp``: the speaker task ends and frees its ring buffer,
-        so raw API audio received so far is not heard past this moment; audio that
+        so raw API audio received so far is not heard past this moment (with the
+        firmware's speaker path: ``SpeakerPath.stop``, ``STOP_S`` later); what waits
+        in the voice assistant's buffer stays there (``speaker.stop`` does not touch
+        it) and plays when the next message starts the speaker again; audio that
         comes later starts the speaker again (a new ``Playback``).
         """
+        if self.speaker_path is not None:
+            self.speaker_path.stop("speaker.stop")
         playback = self._api_playback
         if playback is None or playback.finished_at is not None or playback.stopped:
             return
