@@ -150,6 +150,10 @@ class FdafCanceller:
         self._far_quiet = 0  # frames since the far end last played
         self._onset_frames = 0  # frames left of a far-end onset after silence
         self._window: np.ndarray = np.hanning(2 * _GAIN_TAPS + 1)
+        self._pair: np.ndarray = np.zeros((2, _FFT))
+        self._filtered: np.ndarray = np.zeros((2, _BINS), dtype=np.complex128)
+        self._padded: np.ndarray = np.zeros((2, _FFT))
+        self._rows: np.ndarray = np.zeros((3, _FFT))
         self.frames = 0
         self._turn = 0  # the quarter of the partitions constrained next
         self._weights: np.ndarray = np.full(self.partitions, 0.99 / self.partitions)
@@ -168,16 +172,23 @@ class FdafCanceller:
         x = reference / _INT16
         p = self.partitions
         self._head = (self._head - 1) % p
-        spectrum = np.fft.rfft(np.concatenate([self._last_x, x]))
-        mic_spectrum = np.fft.rfft(np.concatenate([self._last_d, d]))
+        # One FFT call per stage, rows stacked (numpy's per-call cost dominates).
+        pair = self._pair
+        pair[0, :BLOCK] = self._last_x
+        pair[0, BLOCK:] = x
+        pair[1, :BLOCK] = self._last_d
+        pair[1, BLOCK:] = d
+        spectrum, mic_spectrum = np.fft.rfft(pair, axis=1)
         self._last_d = d
         self._x[self._head] = self._x[self._head + p] = spectrum
         self._last_x = x
         window = self._x[self._head : self._head + p]  # newest partition first
         sxx = float(np.dot(x, x))
 
-        y = np.fft.irfft((window * self._w).sum(axis=0), n=_FFT)[BLOCK:]
-        yf = np.fft.irfft((window * self._wf).sum(axis=0), n=_FFT)[BLOCK:]
+        filtered = self._filtered
+        filtered[0] = (window * self._w).sum(axis=0)
+        filtered[1] = (window * self._wf).sum(axis=0)
+        y, yf = np.fft.irfft(filtered, n=_FFT, axis=1)[:, BLOCK:]
         e = d - y
         ef = d - yf
         see = float(np.dot(e, e))
@@ -186,12 +197,13 @@ class FdafCanceller:
         self._two_paths(see, sff, sxx)
 
         # Learning: the background filter.
-        zeros = np.zeros(BLOCK)
-        big_e = np.fft.rfft(np.concatenate([zeros, e]))
-        big_y = np.fft.rfft(np.concatenate([zeros, y]))
-        ee = np.abs(big_e) ** 2
-        yy = np.abs(big_y) ** 2
-        xx = np.abs(spectrum) ** 2
+        padded = self._padded  # [0, e] and [0, y]
+        padded[0, BLOCK:] = e
+        padded[1, BLOCK:] = y
+        big_e, big_y = np.fft.rfft(padded, axis=1)
+        ee = big_e.real**2 + big_e.imag**2
+        yy = big_y.real**2 + big_y.imag**2
+        xx = spectrum.real**2 + spectrum.imag**2
         self._power += POWER_ALPHA * (xx - self._power)
         if sxx > BLOCK * 1e-7:  # the far end plays: learn
             step = self._step(e, y, ee, yy, see=see, syy=syy, sxx=sxx)
@@ -225,7 +237,7 @@ class FdafCanceller:
         if not self.echo_found and self.coherence <= 0.3:
             return mic.copy()  # no echo here (yet): the mic as it came
         self._track_drift()
-        return out * _INT16
+        return np.asarray(out * _INT16, dtype=np.float64)
 
     def _track_drift(self) -> None:
         """Follow the echo path sliding against the reference (two crystals).
@@ -440,11 +452,14 @@ class FdafCanceller:
         the residual passes in the frame they start (no attack smoothing), so
         the onset gate, which sees this output, opens on users and not on echo.
         """
-        frame = np.concatenate([self._last_e, ef])
-        spectrum = np.fft.rfft(frame)
-        zeros = np.zeros(BLOCK)
-        echo = np.abs(np.fft.rfft(np.concatenate([zeros, yf]))) ** 2
-        error = np.abs(np.fft.rfft(np.concatenate([zeros, ef]))) ** 2
+        rows = self._rows  # [last e, e], [0, yf], [0, e]
+        rows[0, :BLOCK] = self._last_e
+        rows[0, BLOCK:] = ef
+        rows[1, BLOCK:] = yf
+        rows[2, BLOCK:] = ef
+        spectrum, big_yf, big_ef = np.fft.rfft(rows, axis=1)
+        echo = big_yf.real**2 + big_yf.imag**2
+        error = big_ef.real**2 + big_ef.imag**2
         envelope = np.maximum(echo, self._coarse * (1.0 / COARSE_SCALE))
         cold = not self.adapted or self.echo_found is not True
         if cold:
