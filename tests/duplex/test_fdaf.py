@@ -1,8 +1,10 @@
 """The numpy echo canceller's contracts, in image-source rooms (tests/duplex/room.py).
 
 Convergence, double talk (no divergence, the user preserved), clock drift, the
-user's onset let through at once, no harm where no echo reaches the mic, and the
-device's own reference channel used as the far end (by the session too).
+user's onset let through at once, no harm where no echo reaches the mic, the
+device's own reference channel used as the far end (by the session too), and the
+residual echo suppressed so that it never opens the onset gate (no
+self-interruption) while the user's onset does, within three frames.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from custom_components.rtvoice.duplex.audio import FRAME_BYTES
 from custom_components.rtvoice.duplex.echo import EchoCanceller
 from custom_components.rtvoice.duplex.fdaf import FdafCanceller
 from custom_components.rtvoice.duplex.gate import GateEvent, OnsetGate
-from tests.duplex.echo_sim import SENTENCES
+from tests.duplex.echo_sim import SENTENCES, run_answer
 from tests.duplex.fakes import FakeChild, FakeStt, FakeTransport, FakeTts
 from tests.duplex.room import STEP, RealRoom, RoomSpec
 
@@ -200,3 +202,76 @@ async def test_session_hands_the_devices_reference_to_the_canceller() -> None:
     assert b"".join(f for f in frames[:6] if f is not None) == reference[: 6 * 320]
     assert frames[6:] == [None] * (len(frames) - 6)
     await session.aclose()
+
+
+def _gate_onsets(aec_out: list[np.ndarray], learning: list[bool]) -> list[int]:
+    """Frames where the onset gate opens on the canceller's output (as the session).
+
+    The session ignores the gate while the canceller says it is still learning
+    (an echo heard, no path decided yet).
+    """
+    gate = OnsetGate()
+    onsets = []
+    for i, frame in enumerate(aec_out):
+        pcm = np.clip(np.round(frame), -32768, 32767).astype("<i2").tobytes()
+        if gate.process(pcm) is GateEvent.ONSET and not learning[i]:
+            onsets.append(i)
+        if learning[i]:
+            gate.open = False
+    return onsets
+
+
+def test_residual_echo_never_opens_the_gate_and_the_user_does(answer, user) -> None:
+    """+15 dB: echo louder than the user; the gate opens on the user only, at once.
+
+    Cold (the room's first answer) with the speaker distorting, the clocks 40 ppm
+    apart and a silence between two stretches of answer: the residual echo left by
+    the linear filter never opens the gate (no self-interruption), and the user's
+    onset opens it within three 10 ms frames.
+    """
+    spec = replace(ROOM, echo_to_user_db=15.0, volume=0.8, skew_ppm=40.0)
+    room = RealRoom(spec)
+    aec = FdafCanceller()
+    silence = np.zeros(60 * STEP)
+    far = np.concatenate([answer[: 7 * 16000], silence, answer[7 * 16000 :]])
+    start = len(far) // STEP - len(user) // STEP - 30
+    outs, learning = [], []
+    for i in range(len(far) // STEP):
+        played = far[i * STEP : (i + 1) * STEP]
+        j = i - start
+        voice = user[j * STEP : (j + 1) * STEP] if 0 <= j < len(user) // STEP else None
+        mic = samples(room.mic_step(played, voice))
+        outs.append(aec.process(mic, played))
+        learning.append(aec.learning)
+    near = np.concatenate(room.user_part)
+    onset = next(
+        i for i in range(start, len(outs)) if db(near[i * STEP : (i + 1) * STEP]) > 50
+    )
+    onsets = _gate_onsets(outs, learning)
+    assert onsets, "the user never opened the gate"
+    assert onsets[0] >= onset  # nothing before the user: the echo never opened it
+    assert onsets[0] - onset <= 2  # the user's third frame at the latest
+
+
+async def test_an_answer_in_a_loud_echo_room_does_not_interrupt_itself(clip) -> None:
+    """The product's chain (canceller, gate, VAD, an STT that hears words in anything).
+
+    Two answers in a +15 dB room, the first cold: each placed anew on the mic's
+    time line (a new stretch), no pause and no push.
+    """
+    clips = {s: clip(s, lead_ms=0, tail_ms=150) for s in SENTENCES[:2]}
+    spec = replace(ROOM, echo_to_user_db=15.0, volume=0.8, skew_ppm=-30.0)
+    learned = None
+    for seed in range(2):
+        echo = EchoCanceller(learned=learned)
+        learned = echo.fdaf
+        run = await run_answer(
+            clips,
+            aec=True,
+            echo=echo,
+            delay_ms=0,
+            seed=seed,
+            room=RealRoom(spec),
+            sentences=SENTENCES[:2],
+        )
+        assert (run.pushes, run.pauses) == (0, 0)

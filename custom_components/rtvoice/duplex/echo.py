@@ -128,6 +128,7 @@ class EchoCanceller:
         self._frames: dict[int, bytearray] = {}  # mic frame index -> reference
         self._mic_frame = 0  # index of the next mic frame
         self._reference_end = 0  # sample after the last reference sample placed
+        self._stretches: set[int] = set()  # mic frames where a new stretch begins
         self._silence = bytes(FRAME_BYTES)
         self.last_reference = self._silence  # what the last process() cancelled
         # far_end runs on the loop, process on the stream's DSP worker.
@@ -157,8 +158,12 @@ class EchoCanceller:
             start = max(start, at_sample)
         start = max(start, self.mic_samples)  # the past is gone
         samples = len(pcm) // 2
-        self._reference_end = start + samples
         horizon = self.mic_samples + MAX_REFERENCE_MS * SAMPLE_RATE // 1000
+        if self._reference_end < start < horizon:
+            # Not back to back (placed by time, or the past it follows is gone):
+            # a new stretch, placed a few ms off the last.
+            self._stretches.add(start // FRAME_SAMPLES)
+        self._reference_end = start + samples
         offset = 0
         while offset < samples:
             index, within = divmod(start + offset, FRAME_SAMPLES)
@@ -177,6 +182,7 @@ class EchoCanceller:
         """Forget reference audio not yet matched (e.g. the device dropped its queue)."""
         with self._lock:
             self._frames.clear()
+            self._stretches.clear()
             self._reference_end = self.mic_samples
 
     @property
@@ -202,7 +208,11 @@ class EchoCanceller:
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"frames must be {FRAME_BYTES} bytes, got {len(frame)}")
         with self._lock:
+            reference_given = reference
             placed = self._frames.pop(self._mic_frame, None)
+            stretch = self._mic_frame in self._stretches
+            if self._stretches:
+                self._stretches = {i for i in self._stretches if i > self._mic_frame}
             self._mic_frame += 1
         if reference is not None:
             if len(reference) != FRAME_BYTES:
@@ -211,6 +221,8 @@ class EchoCanceller:
         reference = self._silence if placed is None else bytes(placed)
         self.last_reference = reference
         if self.fdaf is not None:
+            if stretch and reference_given is None:
+                self.fdaf.new_stretch()
             mic = np.frombuffer(frame, dtype="<i2").astype(np.float64)
             far = np.frombuffer(reference, dtype="<i2").astype(np.float64)
             out = self.fdaf.process(mic, far)
