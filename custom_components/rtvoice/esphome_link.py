@@ -116,8 +116,11 @@ ACTION_SILENCE = "rtvoice_silence_speaker"  # mute, then stop: silent, queue dro
 ACTION_UNMUTE = "rtvoice_unmute_speaker"  # the next answer audio is heard again
 # What a silenced speaker had played of the answer lags the player's model by the
 # I2S speaker's DMA: 5 buffers of 10 ms always queued (i2s_audio_speaker_standard.cpp
-# DMA_BUFFERS_COUNT x DMA_BUFFER_DURATION_MS), so a resume goes back by that much.
-OUTPUT_LAG_MS = 50
+# DMA_BUFFERS_COUNT x DMA_BUFFER_DURATION_MS), plus up to 26 ms until the stop
+# takes effect (run_speaker_task leaves at its next DMA write, then loop() stops the
+# driver) and a frame of the loop's own jitter: a resume goes back by that much, so
+# nothing is skipped (the price: up to this much heard twice).
+OUTPUT_LAG_MS = 90
 FLUSH_MS = 100  # muted silence after a silence: restarts the speaker, drains the buffer
 ACTION_START_LISTENING = "start_listening"  # base.yaml: open the mic, no wake word
 EVENT_BARGE_IN = "esphome.rtvoice_barge_in"  # trigger: wake_word, stop or button
