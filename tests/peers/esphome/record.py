@@ -74,6 +74,9 @@ class Entry:
 
 type Predicate = Callable[[Entry], bool]
 
+WAIT_SAFETY_S = 60.0
+"""A wait on the record fails after this long (a hung test fails, CI goes on)."""
+
 
 class Record:
     """Append-only record with event-driven waits."""
@@ -140,14 +143,25 @@ class Record:
     async def wait_for(self, predicate: Predicate, since: int = 0) -> Entry:
         """Return the first entry (past or future) at ``since`` or later that matches.
 
-        Cancelling the caller only withdraws its wait.
+        Cancelling the caller only withdraws its wait. After ``WAIT_SAFETY_S`` the
+        wait fails with the last entries: a safety net against a hung test, never a
+        synchronisation.
         """
         if (found := self.find(predicate, since)) is not None:
             return found
         future: asyncio.Future[Entry] = self._loop.create_future()
         self._waiters.append((predicate, since, future))
         try:
-            return await future
+            async with asyncio.timeout(WAIT_SAFETY_S):
+                return await future
+        except TimeoutError as err:
+            last = ", ".join(
+                f"{e.index}:{e.name}{e.detail or ''}" for e in self._entries[-12:]
+            )
+            raise AssertionError(
+                f"nothing matched since entry {since} in {WAIT_SAFETY_S:.0f} s;"
+                f" the last entries: {last}"
+            ) from err
         finally:
             if not future.done():
                 future.cancel()
