@@ -1077,6 +1077,16 @@ class EsphomeLink:
                 client.media_player_command(key, media_url=url, announcement=announce)
 
     async def _send_audio(self, frame: bytes) -> None:
+        # One loop iteration first. A write that fails (the device reset the
+        # connection) closes asyncio's transport at once, but aioesphomeapi hears of
+        # it only on the next iteration; a frame sent in between reaches
+        # ``writelines``, which in the CPython 3.13 we run does not check for a lost
+        # connection (python/cpython#136234): it leaves a writer registered for the
+        # socket's fd, the socket closes, and the next socket given that fd number
+        # (our reconnect, or any connection in Home Assistant) waits for a
+        # writability epoll never reports (our reconnect hung for aioesphomeapi's
+        # 60 s connect timeout). After the yield aioesphomeapi knows, and refuses.
+        await asyncio.sleep(0)
         client = self.client
         if client is None:
             return  # the connection is gone; the conversation is being closed

@@ -225,10 +225,20 @@ class WyomingConnection:
         return await read_event(self._reader)
 
     async def write_event(self, event: Event) -> None:
-        """Write one event."""
-        if self._writer is None:
+        """Write one event; ConnectionError once the connection failed.
+
+        A closing transport is never written to: ``wyoming`` writes with
+        ``writelines``, which in the CPython 3.13 we run does not check for a lost
+        connection (python/cpython#136234) and leaves a writer registered for the
+        closed socket's fd, so the next socket given that fd number never hears
+        that it can write.
+        """
+        writer = self._writer
+        if writer is None:
             raise ConnectionError("not connected")
-        await async_write_event(event, self._writer)
+        if writer.is_closing():
+            raise ConnectionError("the connection is closing")
+        await async_write_event(event, writer)
 
     async def disconnect(self) -> None:
         """Close the connection (idempotent)."""

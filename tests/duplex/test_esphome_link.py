@@ -51,7 +51,7 @@ from custom_components.rtvoice.kernel import (
     ToolSpec,
 )
 from custom_components.rtvoice.kernel.openai_provider import OpenAIChatProvider
-from tests.duplex.conftest import noise
+from tests.duplex.conftest import epoll_loop, noise, selector_keys_epoll_lost
 from tests.peers.esphome import ATOM_ECHO_FEATURES, EmulatedDevice, EventType, State
 from tests.peers.esphome.record import Kind
 from tests.peers.openai_server import (
@@ -530,6 +530,41 @@ async def test_device_drops_mid_answer_and_comes_back(clip) -> None:
         assert history[1].interrupted and len(history[1].content) < len(LONG)
         assert history[-1].content == "The kitchen lights are on."
         assert not r.closed.is_set()
+
+
+def device_transport(loop: asyncio.AbstractEventLoop, port: int) -> asyncio.Transport:
+    """Return the link's socket transport to the device (aioesphomeapi hides it)."""
+    selector = loop._selector  # type: ignore[attr-defined]  # noqa: SLF001
+    for key in selector.get_map().values():
+        reader = key.data[0]
+        transport = getattr(getattr(reader, "_callback", None), "__self__", None)
+        if isinstance(transport, asyncio.Transport):
+            peer = transport.get_extra_info("peername")
+            if peer is not None and peer[1] == port:
+                return transport
+    raise AssertionError("no transport to the device")
+
+
+async def test_sends_after_the_socket_failed_leave_the_loop_sound() -> None:
+    """Audio sent between a failed socket and aioesphomeapi hearing of it is dropped.
+
+    A failed write closes asyncio's transport at once; aioesphomeapi learns of it
+    one loop iteration later. Frames sent in between must not reach the transport
+    (``writelines`` would leave a writer for the closed fd in the selector), so
+    the reconnect and every later socket of the loop work.
+    """
+    loop = epoll_loop()
+    async with rig() as r:
+        client = r.link.client
+        assert client is not None
+        transport = device_transport(loop, r.device.port)
+        since = r.device.mark()
+        transport.abort()  # what a write that failed does to the transport
+        for _ in range(5):  # the player's frames, in the same loop iteration
+            await r.link._send_audio(bytes(320))  # noqa: SLF001
+        await r.device.wait_for_voice_client(since)
+        await asyncio.wait_for(r.link.wait_connected(), SAFETY)
+        assert selector_keys_epoll_lost(loop) == []
 
 
 async def test_aclose_mid_session_leaves_no_task(clip) -> None:

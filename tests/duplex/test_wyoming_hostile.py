@@ -19,6 +19,7 @@ import tracemalloc
 from typing import cast
 
 import pytest
+from wyoming.audio import AudioStop
 
 from custom_components.rtvoice.duplex_link import DuplexBinding
 from custom_components.rtvoice.wyoming_link import LinkOptions, WyomingSatelliteLink
@@ -26,7 +27,9 @@ from custom_components.rtvoice.wyoming_proto import (
     MAX_DATA_BYTES,
     MAX_HEADER_BYTES,
     MAX_PAYLOAD_BYTES,
+    WyomingConnection,
 )
+from tests.duplex.conftest import epoll_loop, selector_keys_epoll_lost
 from tests.peers.hostile_wyoming import (
     HostileWyoming,
     Script,
@@ -202,3 +205,39 @@ async def test_a_malformed_info_ends_the_connection_cleanly() -> None:
             await peer.served.wait()
         assert link.stats.protocol_errors == 1
         assert link.info is None
+
+
+async def test_a_closing_connection_is_not_written_to() -> None:
+    """Writes to a failed connection raise and leave the loop's selector sound.
+
+    ``wyoming`` writes with ``writelines``, which on CPython 3.13 registers a
+    writer even for a lost connection; the socket then closes with the writer
+    still in the selector, and the next socket given that fd number never hears
+    that it can write.
+    """
+    loop = epoll_loop()
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def accept(
+        _reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        connection = WyomingConnection("127.0.0.1", port)
+        await connection.connect()
+        writer = connection._writer  # noqa: SLF001
+        assert writer is not None
+        writer.transport.abort()  # what a failed write or read does to it
+        for _ in range(3):
+            with pytest.raises(ConnectionError):
+                await connection.write_event(AudioStop().event())
+        await connection.disconnect()
+        assert selector_keys_epoll_lost(loop) == []
+    finally:
+        for peer in accepted:
+            peer.close()
+        server.close()
+        await server.wait_closed()
