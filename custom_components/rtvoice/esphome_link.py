@@ -114,13 +114,15 @@ ACTION_DUPLEX = "rtvoice_duplex"  # enabled: a barge-in is reported, not a resta
 ACTION_STOP_SPEAKER = "rtvoice_stop_speaker"  # the speaker stops, drops its buffer
 ACTION_SILENCE = "rtvoice_silence_speaker"  # mute, then stop: silent, queue dropped
 ACTION_UNMUTE = "rtvoice_unmute_speaker"  # the next answer audio is heard again
-# What a silenced speaker had played of the answer lags the player's model by the
-# I2S speaker's DMA: 5 buffers of 10 ms always queued (i2s_audio_speaker_standard.cpp
-# DMA_BUFFERS_COUNT x DMA_BUFFER_DURATION_MS), plus up to 26 ms until the stop
-# takes effect (run_speaker_task leaves at its next DMA write, then loop() stops the
-# driver) and a frame of the loop's own jitter: a resume goes back by that much, so
-# nothing is skipped (the price: up to this much heard twice).
-OUTPUT_LAG_MS = 90
+# A resume after a silence goes back this far before the player's model of what
+# was played, taken when the action left for the device (the model only grows
+# until the device acts, so nothing is skipped while these cover the rest): the
+# I2S speaker's DMA, 5 buffers of 10 ms always queued (i2s_audio_speaker_standard.cpp
+# DMA_BUFFERS_COUNT x DMA_BUFFER_DURATION_MS), up to 26 ms until the stop takes
+# effect (run_speaker_task leaves at its next DMA write, then loop() stops the
+# driver), and the action's way to the device (Wi-Fi: a few ms, spikes of tens).
+# The price: up to this much is heard twice.
+OUTPUT_LAG_MS = 120
 FLUSH_MS = 100  # muted silence after a silence: restarts the speaker, drains the buffer
 ACTION_START_LISTENING = "start_listening"  # base.yaml: open the mic, no wake word
 EVENT_BARGE_IN = "esphome.rtvoice_barge_in"  # trigger: wake_word, stop or button
@@ -215,7 +217,8 @@ class ApiAudioOutput:
     firmware has no way to clear it from outside) plays muted, pushed out by
     ``FLUSH_MS`` of silence that also restarts the speaker. The paused player goes
     back to what the user heard (``PacedPlayer.rewind``, ``OUTPUT_LAG_MS`` before
-    its model's position: at most that much is heard twice, nothing is skipped).
+    its model's position when the action was sent: at most that much is heard
+    twice, nothing is skipped).
     Before audio follows again (a resume, the next answer) the player is held
     until the flush has run and ``rtvoice_unmute_speaker`` was sent. A cut drops
     the rest as before (silencing first when the speaker was not silent).
@@ -235,6 +238,7 @@ class ApiAudioOutput:
         self._frames = 0  # answer frames sent
         self._silent_after: int | None = None  # ``_frames`` at the last silence
         self._silencing: asyncio.Task[None] | None = None  # the action, the flush
+        self._silences_begun = 0
         self._unmuting: asyncio.Task[None] | None = None
 
     def bind(self, player: PacedPlayer) -> None:
@@ -268,7 +272,14 @@ class ApiAudioOutput:
             self._alive = None
 
     async def _send(self, frame: bytes) -> None:
-        await self._link._send_audio(frame)  # noqa: SLF001 - the link's own output
+        silences = self._silences_begun
+        await self._link._settle()  # noqa: SLF001 - the link's own output
+        if self._silences_begun != silences:
+            # A silence began while this frame waited: the device would drop it,
+            # and the player goes back to what was heard. Nothing of the answer
+            # reaches the device between a pause and its silence.
+            return
+        self._link._write_audio(frame)  # noqa: SLF001
         if self.keepalive:
             if self._alive is not None:
                 self._alive.cancel()
@@ -293,25 +304,21 @@ class ApiAudioOutput:
         ring, not at the next message; the answer may resume.
         """
         self._end_unmute()
-        if self._silences:
-            player = self.player
-            if self.silence() and player is not None:
-                heard = player.paused_at_played
-                if heard is None:
-                    heard = player.played_bytes()
-                player.rewind(heard - OUTPUT_LAG_MS * BYTES_PER_MS)
+        if self.silence(rewind=True):
             return
         self._end_tail()
         self._tail = asyncio.get_running_loop().create_task(
             self._send_tail(PUSH_MS), name="rtvoice api audio push"
         )
 
-    def silence(self) -> bool:
+    def silence(self, *, rewind: bool = False) -> bool:
         """Silence the speaker now (``rtvoice_silence_speaker``), then flush it muted.
 
+        ``rewind``: once the action is on its way, the paused player goes back to
+        what the user heard (``OUTPUT_LAG_MS`` before its model's position then).
         Nothing is called when no answer frame was sent since the last silence
-        (the speaker is silent and muted already). False: the firmware has no
-        such action, or no connection.
+        (the speaker is silent and muted already, the player where it was heard).
+        False: the firmware has no such action, or no connection.
         """
         if not self._silences:
             return False
@@ -323,14 +330,20 @@ class ApiAudioOutput:
             return False
         self._end_tail()
         self._silent_after = self._frames
+        self._silences_begun += 1
         self._link.speaker_muted = True
         self._silencing = self._tail = asyncio.get_running_loop().create_task(
-            self._silence(), name="rtvoice speaker silence"
+            self._silence(rewind), name="rtvoice speaker silence"
         )
         return True
 
-    async def _silence(self) -> None:
-        await self._link.call_action(ACTION_SILENCE)  # sent before the flush
+    async def _silence(self, rewind: bool) -> None:
+        sent = await self._link.call_action(ACTION_SILENCE)  # before the flush
+        player = self.player
+        if sent and rewind and player is not None and player.can_rewind:
+            # Now, not at the pause: whatever delayed the action (a busy loop)
+            # the device played on meanwhile, and the model with it.
+            player.rewind(player.played_bytes() - OUTPUT_LAG_MS * BYTES_PER_MS)
         await self._send_tail(FLUSH_MS)
 
     def begin(self, player: PacedPlayer) -> None:
@@ -1076,17 +1089,22 @@ class EsphomeLink:
             else:
                 client.media_player_command(key, media_url=url, announcement=announce)
 
-    async def _send_audio(self, frame: bytes) -> None:
-        # One loop iteration first. A write that fails (the device reset the
-        # connection) closes asyncio's transport at once, but aioesphomeapi hears of
-        # it only on the next iteration; a frame sent in between reaches
-        # ``writelines``, which in the CPython 3.13 we run does not check for a lost
-        # connection (python/cpython#136234): it leaves a writer registered for the
-        # socket's fd, the socket closes, and the next socket given that fd number
-        # (our reconnect, or any connection in Home Assistant) waits for a
-        # writability epoll never reports (our reconnect hung for aioesphomeapi's
-        # 60 s connect timeout). After the yield aioesphomeapi knows, and refuses.
+    async def _settle(self) -> None:
+        """Return one loop iteration later: a connection lost by now is known.
+
+        A write that fails (the device reset the connection) closes asyncio's
+        transport at once, but aioesphomeapi hears of it only on the next
+        iteration; a frame sent in between reaches ``writelines``, which in the
+        CPython 3.13 we run does not check for a lost connection
+        (python/cpython#136234): it leaves a writer registered for the socket's
+        fd, the socket closes, and the next socket given that fd number (our
+        reconnect, or any connection in Home Assistant) waits for a writability
+        epoll never reports (our reconnect hung for aioesphomeapi's 60 s connect
+        timeout). After the yield aioesphomeapi knows, and refuses.
+        """
         await asyncio.sleep(0)
+
+    def _write_audio(self, frame: bytes) -> None:
         client = self.client
         if client is None:
             return  # the connection is gone; the conversation is being closed

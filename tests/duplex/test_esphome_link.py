@@ -42,7 +42,11 @@ from custom_components.rtvoice.duplex_link import (
     DuplexConversation,
     RoundEnds,
 )
-from custom_components.rtvoice.esphome_link import EsphomeLink, LinkConfig
+from custom_components.rtvoice.esphome_link import (
+    ApiAudioOutput,
+    EsphomeLink,
+    LinkConfig,
+)
 from custom_components.rtvoice.kernel import (
     ChannelRegistry,
     Kernel,
@@ -560,8 +564,10 @@ async def test_sends_after_the_socket_failed_leave_the_loop_sound() -> None:
         transport = device_transport(loop, r.device.port)
         since = r.device.mark()
         transport.abort()  # what a write that failed does to the transport
+        output = ApiAudioOutput(r.link)
         for _ in range(5):  # the player's frames, in the same loop iteration
-            await r.link._send_audio(bytes(320))  # noqa: SLF001
+            await output.send(bytes(320))
+        await output.aclose()
         await r.device.wait_for_voice_client(since)
         await asyncio.wait_for(r.link.wait_connected(), SAFETY)
         assert selector_keys_epoll_lost(loop) == []

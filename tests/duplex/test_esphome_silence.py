@@ -63,8 +63,16 @@ class FakeLink:
     wire: list[tuple[str, Any]] = field(default_factory=list)
     gates: dict[str, asyncio.Event] = field(default_factory=dict)
     sent: asyncio.Event = field(default_factory=asyncio.Event)
+    settle_gate: asyncio.Event | None = None  # holds frames before they are written
+    settling: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def _send_audio(self, frame: bytes) -> None:
+    async def _settle(self) -> None:
+        self.settling.set()
+        if self.settle_gate is not None:
+            await self.settle_gate.wait()
+        await asyncio.sleep(0)
+
+    def _write_audio(self, frame: bytes) -> None:
         self.wire.append(("audio", frame))
         self.sent.set()
 
@@ -127,12 +135,11 @@ async def test_a_pause_silences_and_goes_back_to_what_was_heard() -> None:
     async with output_and_player(link) as (output, player):
         player.enqueue(audio)
         await play_until(link, player, 50 * FRAME)
-        mark, sent, heard = len(link.wire), player.sent_bytes, player.paused_at_played
-        assert heard is not None
+        mark, sent, heard = len(link.wire), player.sent_bytes, player.played_bytes()
         output.pause()
+        await link.wait_until(lambda: ACTION_SILENCE in link.actions())
         assert player.sent_bytes == max(heard - OUTPUT_LAG_MS * BYTES_PER_MS, 0)
         assert sent - player.sent_bytes <= 1000 * BYTES_PER_MS  # within what is kept
-        await link.wait_until(lambda: ACTION_SILENCE in link.actions())
         assert link.wire[mark] == ("action", ACTION_SILENCE)  # before any audio
         assert link.speaker_muted
         assert link.answer_frames(mark) == []  # the flush is silence
@@ -150,6 +157,89 @@ async def test_a_pause_silences_and_goes_back_to_what_was_heard() -> None:
         assert unmute < first
         assert link.wire[first][1] == audio[rewound : rewound + FRAME]
         assert not link.speaker_muted
+
+
+async def test_a_frame_on_its_way_at_the_pause_is_not_written() -> None:
+    """A frame that waited for the loop when the pause came never reaches the device.
+
+    The player had counted it; the silence drops what the device holds and the
+    player goes back to what was heard, so nothing of the answer goes out between
+    the pause and its silence, and nothing is lost.
+    """
+    link = FakeLink()
+    audio = answer_audio(2000)
+    async with output_and_player(link) as (output, player):
+        player.enqueue(audio)
+        await play_until(link, player, 30 * FRAME)
+        player.resume()
+        link.settle_gate = asyncio.Event()
+        link.settling.clear()
+        await link.settling.wait()  # a frame is on its way
+        mark = len(link.wire)
+        player.pause()
+        output.pause()
+        link.settle_gate.set()
+        await link.wait_until(lambda: ACTION_SILENCE in link.actions())
+        assert link.answer_frames(mark) == []
+        assert link.wire[mark] == ("action", ACTION_SILENCE)
+        rewound = player.sent_bytes
+        player.resume()
+        output.resume()
+        await link.wait_until(lambda: link.answer_frames(mark))
+        assert link.answer_frames(mark)[0] == audio[rewound : rewound + FRAME]
+
+
+async def test_the_rewind_counts_what_played_until_the_silence_left() -> None:
+    """A silence that leaves late: the rewind counts what played until it left.
+
+    The device played on meanwhile; the position is taken when the action left,
+    not at the pause, so the resume skips nothing of what was heard meanwhile.
+    """
+    gate = asyncio.Event()
+    link = FakeLink(gates={ACTION_SILENCE: gate})
+    async with output_and_player(link) as (output, player):
+        player.enqueue(answer_audio(2000))
+        await play_until(link, player, 50 * FRAME)
+        clock = player.clock
+        assert isinstance(clock, VirtualClock)
+        at_pause = player.played_bytes()
+        output.pause()
+        clock.advance(0.060)  # the loop was busy: the action leaves 60 ms late
+        at_send = player.played_bytes()
+        assert at_send > at_pause  # the device played on
+        gate.set()
+        await link.wait_until(lambda: ACTION_SILENCE in link.actions())
+        assert player.sent_bytes == at_send - OUTPUT_LAG_MS * BYTES_PER_MS
+
+
+async def test_a_resume_before_the_silence_left_still_goes_back() -> None:
+    """Resumed before the silence left: held, then back to what was heard.
+
+    The unmute and the answer follow the silence in that order.
+    """
+    gate = asyncio.Event()
+    link = FakeLink(gates={ACTION_SILENCE: gate})
+    audio = answer_audio(2000)
+    async with output_and_player(link) as (output, player):
+        player.enqueue(audio)
+        await play_until(link, player, 50 * FRAME)
+        mark, heard = len(link.wire), player.played_bytes()
+        output.pause()
+        player.resume()
+        output.resume()
+        assert player.held
+        gate.set()
+        await link.wait_until(lambda: link.answer_frames(mark))
+        rewound = max(heard - OUTPUT_LAG_MS * BYTES_PER_MS, 0)
+        unmute = link.wire.index(("action", ACTION_UNMUTE))
+        first = next(
+            i
+            for i, (k, f) in enumerate(link.wire)
+            if i > mark and k == "audio" and any(f)
+        )
+        assert link.actions()[:2] == [ACTION_SILENCE, ACTION_UNMUTE]
+        assert unmute < first
+        assert link.wire[first][1] == audio[rewound : rewound + FRAME]
 
 
 async def test_a_cut_while_the_unmute_is_on_its_way_sends_nothing_more() -> None:
@@ -183,6 +273,7 @@ async def test_a_second_pause_during_the_resume_rewinds_no_further() -> None:
         player.enqueue(audio)
         await play_until(link, player, 30 * FRAME)
         output.pause()
+        await link.wait_until(lambda: ACTION_SILENCE in link.actions())
         rewound = player.sent_bytes
         player.resume()
         output.resume()

@@ -130,15 +130,22 @@ class PacedPlayer:
             self.held = False
             self._kick()
 
+    @property
+    def can_rewind(self) -> bool:
+        """Whether ``rewind`` may be called: paused, or held (no frame goes out)."""
+        return self.state is PlayerState.PAUSED or (
+            self.held and self.state is PlayerState.PLAYING
+        )
+
     def rewind(self, position: int) -> int:
-        """Paused, the device dropped what it held: send again from ``position``.
+        """Paused or held, the device dropped what it held: send again from ``position``.
 
         ``position`` is raised to what can be sent again (the current answer's
         start, the last ``RESEND_MS``); the device's queue counts as empty from
         now. Return the position sending continues from.
         """
-        if self.state is not PlayerState.PAUSED:
-            raise RuntimeError("rewind needs a paused player")
+        if not self.can_rewind:
+            raise RuntimeError("rewind needs a paused or held player")
         earliest = max(self._floor, self.sent_bytes - len(self._history))
         position = min(self.sent_bytes, max(position, earliest))
         position -= (position - earliest) % 2
