@@ -99,6 +99,14 @@ class FakeLink:
             frame for kind, frame in self.wire[since:] if kind == "audio" and any(frame)
         ]
 
+    def first_answer_frame(self, since: int) -> int:
+        """Wire index of the first audio that is not silence after ``since``."""
+        return next(
+            i
+            for i, (kind, frame) in enumerate(self.wire)
+            if i > since and kind == "audio" and any(frame)
+        )
+
     async def wait_until(self, condition: Any) -> None:
         """Wait until ``condition()`` holds after something went on the wire."""
         async with asyncio.timeout(SAFETY):
@@ -149,11 +157,7 @@ async def test_a_pause_silences_and_goes_back_to_what_was_heard() -> None:
         output.resume()
         await link.wait_until(lambda: link.answer_frames(mark))
         unmute = link.wire.index(("action", ACTION_UNMUTE))
-        first = next(
-            i
-            for i, (k, f) in enumerate(link.wire)
-            if i > mark and k == "audio" and any(f)
-        )
+        first = link.first_answer_frame(mark)
         assert unmute < first
         assert link.wire[first][1] == audio[rewound : rewound + FRAME]
         assert not link.speaker_muted
@@ -232,11 +236,7 @@ async def test_a_resume_before_the_silence_left_still_goes_back() -> None:
         await link.wait_until(lambda: link.answer_frames(mark))
         rewound = max(heard - OUTPUT_LAG_MS * BYTES_PER_MS, 0)
         unmute = link.wire.index(("action", ACTION_UNMUTE))
-        first = next(
-            i
-            for i, (k, f) in enumerate(link.wire)
-            if i > mark and k == "audio" and any(f)
-        )
+        first = link.first_answer_frame(mark)
         assert link.actions()[:2] == [ACTION_SILENCE, ACTION_UNMUTE]
         assert unmute < first
         assert link.wire[first][1] == audio[rewound : rewound + FRAME]
