@@ -30,7 +30,7 @@ from .control import ControlPlane
 from .duplex_ha import DuplexSatellites
 from .duplex_link import RoundEnds
 from .kernel import ChannelRegistry, Kernel, PromptRegistry, ToolRunner
-from .satellites import SatelliteDirectory
+from .satellites.directory import SatelliteDirectory
 from .sessions import SessionManager
 from .wyoming_ha import WyomingSatellites
 

@@ -1,0 +1,1 @@
+"""Satellites: the ones Home Assistant knows, and the ones an entry owns."""
