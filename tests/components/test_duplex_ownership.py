@@ -581,3 +581,103 @@ async def test_echo_cancellation_is_refused_where_it_cannot_run(
     assert result["type"] is FlowResultType.ABORT
     assert stored(entry)[CONF_BARGE_IN] == "vad"
     assert stored(entry)[CONF_ECHO_CANCELLATION] is False
+
+
+# ------------------------------------------------------------- reconfigure: a new address
+
+
+async def test_reconfigure_tests_a_new_address_on_the_same_device(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """A new address is probed with the stored key and must reach the same MAC.
+
+    Another device there (another MAC) or a wrong key typed: a form error and
+    nothing stored. The right device: stored, its key kept (never shown).
+    """
+    async with (
+        duplex_device(encrypted=True) as device,
+        duplex_device(encrypted=True, mac_address="AA:BB:CC:DD:EE:43") as other,
+    ):
+        old = {
+            CONF_HOST: "192.0.2.1",
+            CONF_PORT: 6053,
+            CONF_NOISE_PSK: device.noise_psk,
+            CONF_NAME: "Kitchen duplex",
+            CONF_MAC: MAC,
+            CONF_ESPHOME_VERSION: FIRMWARE,
+        }
+        entry = openai_entry(hass, openai_peer, esphome=[old])
+        settings = {CONF_BARGE_IN: "wake_word", CONF_ECHO_CANCELLATION: False}
+        settings[CONF_END_SILENCE] = 8
+
+        async def submit(**user_input: Any) -> dict[str, Any]:
+            form = await reconfigure_satellite(hass, entry, SUBENTRY_ESPHOME)
+            return dict(
+                await hass.config_entries.subentries.async_configure(
+                    form["flow_id"], {**settings, **user_input}
+                )
+            )
+
+        result = await submit(
+            **{
+                CONF_HOST: other.host,
+                CONF_PORT: other.port,
+                CONF_NOISE_PSK: other.noise_psk,
+            }
+        )
+        assert result["errors"] == {"base": "another_device"}
+        result = await submit(
+            **{
+                CONF_HOST: device.host,
+                CONF_PORT: device.port,
+                CONF_NOISE_PSK: WRONG_KEY,
+            }
+        )
+        assert result["errors"] == {"base": "invalid_key"}
+        assert stored(entry) == old
+
+        result = await submit(**{CONF_HOST: device.host, CONF_PORT: device.port})
+        assert result["reason"] == "reconfigure_successful", result
+        assert stored(entry) == {
+            **old,
+            CONF_HOST: device.host,
+            CONF_PORT: device.port,
+            **settings,
+            CONF_TURN_EAGERNESS: "off",
+        }
+        [subentry] = entry.subentries.values()
+        assert subentry.unique_id == KEY
+
+
+async def test_reconfigure_drops_a_key_the_device_no_longer_uses(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The stored key is refused as unneeded (the device dropped encryption): it goes.
+
+    Only when the key field was left empty: a typed key is the user's to fix.
+    """
+    async with duplex_device() as device:  # plaintext now
+        old = {
+            CONF_HOST: "192.0.2.1",
+            CONF_PORT: 6053,
+            CONF_NOISE_PSK: WRONG_KEY,
+            CONF_NAME: "Kitchen duplex",
+            CONF_MAC: MAC,
+            CONF_ESPHOME_VERSION: FIRMWARE,
+        }
+        entry = openai_entry(hass, openai_peer, esphome=[old])
+        address = {CONF_HOST: device.host, CONF_PORT: device.port}
+        form = await reconfigure_satellite(hass, entry, SUBENTRY_ESPHOME)
+        assert form["description_placeholders"]["key"] == (
+            "one is stored, an empty field keeps it"
+        )
+        result = await hass.config_entries.subentries.async_configure(
+            form["flow_id"], {**address, CONF_NOISE_PSK: WRONG_KEY}
+        )
+        assert result["errors"] == {"base": "encryption_not_offered"}
+        result = await hass.config_entries.subentries.async_configure(
+            form["flow_id"], address
+        )
+    assert result["reason"] == "reconfigure_successful"
+    assert stored(entry)[CONF_NOISE_PSK] is None
+    assert stored(entry)[CONF_PORT] == device.port

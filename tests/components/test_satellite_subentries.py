@@ -50,6 +50,8 @@ from tests.components.common import (
     async_load_entry,
     openai_data,
     openai_entry,
+    reconfigure_satellite,
+    start_satellite_flow,
     stored_satellites,
 )
 from tests.components.esphome_rig import wait
@@ -487,3 +489,39 @@ async def test_an_older_entry_moves_its_satellites_into_subentries(
         assert await hass.config_entries.async_unload(entry.entry_id)
         await hass.async_block_till_done()
     assert device.voice.errors == []
+
+
+async def test_a_wyoming_satellite_is_owned_by_one_entry(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """Its address is taken: adding it anywhere, or moving another one there, is refused.
+
+    Refused before anything connects (nothing listens at these addresses).
+    """
+    hall = {CONF_HOST: "127.0.0.1", CONF_PORT: free_port(), CONF_NAME: "Hall"}
+    attic = {CONF_HOST: "127.0.0.1", CONF_PORT: free_port(), CONF_NAME: "Attic"}
+    first = openai_entry(hass, openai_peer, title="First", wyoming=[hall])
+    second = openai_entry(hass, openai_peer, title="Second", wyoming=[attic])
+
+    form = await start_satellite_flow(hass, second, SUBENTRY_WYOMING)
+    result = await hass.config_entries.subentries.async_configure(
+        form["flow_id"], {CONF_HOST: hall[CONF_HOST], CONF_PORT: hall[CONF_PORT]}
+    )
+    assert (result["type"], result["reason"]) == ("abort", "already_owned")
+    assert result["description_placeholders"] == {"entry": "First"}
+
+    form = await reconfigure_satellite(hass, second, SUBENTRY_WYOMING)
+    result = await hass.config_entries.subentries.async_configure(
+        form["flow_id"],
+        {
+            CONF_HOST: hall[CONF_HOST],
+            CONF_PORT: hall[CONF_PORT],
+            CONF_WAKE_WORD: "satellite",
+            CONF_BARGE_IN: "wake_word",
+            "echo_cancellation": False,
+            "end_silence": 8,
+        },
+    )
+    assert result["errors"] == {"base": "already_owned"}
+    assert stored_satellites(second, SUBENTRY_WYOMING) == [attic]
+    assert stored_satellites(first, SUBENTRY_WYOMING) == [hall]
