@@ -1,6 +1,6 @@
 """Wyoming satellites in Home Assistant: probing, the links, the repair.
 
-- ``async_probe_wyoming`` tests a satellite before the options flow (or a
+- ``async_probe_wyoming`` tests a satellite before its subentry flow (or a
   discovery) stores it: ``describe`` → ``info`` must show a satellite;
 - ``WyomingSatellites`` runs one ``WyomingSatelliteLink`` per stored satellite on the
   entry's kernel, with the STT and TTS of the pipeline chosen in the satellite's
