@@ -24,9 +24,9 @@ a real one (state, pipeline, wake word, mute switch, media player).
 Recognition is for known phrases only (a grammar of ``--phrase``s, the demo's
 commands and what is said), not general speech recognition.
 
-``--duplex``: Realtime Voice owns the satellite instead (added in its entry's
-options, "Add an ESPHome satellite (duplex)", as a user does; HA's esphome
-satellite entity for the same device is disabled). The mic streams for the whole
+``--duplex``: Realtime Voice owns the satellite instead (added to its entry with
+"Add ESPHome satellite", as a user does; HA's esphome satellite entity for the same
+device is disabled). The mic streams for the whole
 conversation and typed lines are spoken into it at once, also over an answer;
 ``scripts/satellite_duplex.py`` prints what happens (docs/development.md).
 """
@@ -77,6 +77,8 @@ name at the bottom left, or http://localhost:8123/profile/security), tab
 Pass it as --token or in the environment variable HASS_TOKEN."""
 RUN_TIMEOUT = 60.0  # seconds: a safety net for one spoken request
 FLOW = "config/config_entries/flow"
+SUBENTRY_FLOW = "config/config_entries/subentries/flow"
+ESPHOME_SATELLITE = "esphome_satellite"  # Realtime Voice's subentry type
 DEVICE_IDENTITY: dict[str, Any] = {
     "name": "virtual-satellite",
     "friendly_name": "Virtual Satellite",
@@ -452,34 +454,64 @@ def _form_fields(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f["name"]: f for f in result.get("data_schema") or []}
 
 
-def _choices(field: dict[str, Any]) -> list[str]:
-    options = ((field.get("selector") or {}).get("select") or {}).get("options") or []
-    return [str(o["value"] if isinstance(o, dict) else o) for o in options]
+async def _esphome_subentry(hass: Hass, entry_id: str, key: str) -> str | None:
+    """Return the subentry id of the entry's ESPHome satellite ``key`` (its MAC)."""
+    subentries = await hass.ws("config_entries/subentries/list", entry_id=entry_id)
+    for subentry in subentries:
+        if (
+            subentry["subentry_type"] == ESPHOME_SATELLITE
+            and subentry["unique_id"] == key
+        ):
+            return str(subentry["subentry_id"])
+    return None
+
+
+async def _satellite_form(
+    hass: Hass, entry_id: str, subentry_id: str | None
+) -> dict[str, Any]:
+    """Press "Add ESPHome satellite" (or "Reconfigure" on ``subentry_id``): its form."""
+    start: dict[str, Any] = {"handler": [entry_id, ESPHOME_SATELLITE]}
+    if subentry_id is not None:
+        start["subentry_id"] = subentry_id
+    result = await hass.rest("POST", SUBENTRY_FLOW, start)
+    if result["type"] == "menu":  # HA's esphome has satellites to take over
+        result = await hass.rest(
+            "POST", f"{SUBENTRY_FLOW}/{result['flow_id']}", {"next_step_id": "connect"}
+        )
+    if result["type"] != "form":
+        raise HassError(f"the satellite's form did not open: {result}")
+    return dict(result)
 
 
 async def add_duplex(
     hass: Hass, entry_id: str, device: EmulatedDevice, barge_in: str | None
 ) -> bool:
-    """Add the device to the entry as a duplex satellite (options flow, as a user).
+    """Add the device to the entry as an ESPHome satellite, as a user does.
 
-    A satellite with the same MAC is replaced (a re-run reuses it with the new
-    port). Returns whether ``barge_in`` was stored on the way (a form offering a
-    ``barge_in`` field).
+    "Add ESPHome satellite" on the entry's page (a subentry flow); a satellite
+    with the same MAC is reconfigured with the new address instead (a re-run
+    reuses it). Returns whether ``barge_in`` was stored on the way (a form
+    offering a ``barge_in`` field).
     """
-    user_input: dict[str, Any] = {"host": device.host, "port": device.port}
+    key = device.config.mac_address.lower()
+    subentry_id = await _esphome_subentry(hass, entry_id, key)
+    form = await _satellite_form(hass, entry_id, subentry_id)
+    user_input = {
+        name: value
+        for name, field in _form_fields(form).items()
+        if (value := _shown(field)) is not None
+    }
+    user_input.update({"host": device.host, "port": device.port})
     if device.noise_psk:
         user_input["noise_psk"] = device.noise_psk
-    base = "config/config_entries/options/flow"
-    result = await hass.rest("POST", base, {"handler": entry_id})
-    result = await hass.rest(
-        "POST", f"{base}/{result['flow_id']}", {"next_step_id": "add_duplex"}
-    )
     stored = False
-    if barge_in is not None and "barge_in" in _form_fields(result):
+    if barge_in is not None and "barge_in" in _form_fields(form):
         user_input["barge_in"] = barge_in
         stored = True
-    result = await hass.rest("POST", f"{base}/{result['flow_id']}", user_input)
-    if result["type"] != "create_entry":
+    result = await hass.rest("POST", f"{SUBENTRY_FLOW}/{form['flow_id']}", user_input)
+    if result["type"] != "create_entry" and result.get("reason") != (
+        "reconfigure_successful"
+    ):
         raise HassError(
             f"adding the duplex satellite: {result.get('errors') or result}"
         )
@@ -487,66 +519,57 @@ async def add_duplex(
 
 
 async def store_barge_in(hass: Hass, entry_id: str, key: str, mode: str) -> bool:
-    """Store the satellite's barge-in mode through a settings form that offers it.
+    """Store the satellite's barge-in mode through its reconfigure form.
 
-    False when there is none.
+    False when the form offers none.
     """
     return await _barge_in_form(hass, entry_id, key, mode) is not None
 
 
 async def stored_barge_in(hass: Hass, entry_id: str, key: str) -> str | None:
-    """Read the satellite's stored barge-in mode from its settings form (not saved)."""
+    """Read the satellite's stored barge-in mode from its reconfigure form (not saved)."""
     return await _barge_in_form(hass, entry_id, key, None)
 
 
 async def _barge_in_form(
     hass: Hass, entry_id: str, key: str, mode: str | None
 ) -> str | None:
-    """Find the settings form with a ``barge_in`` field; store ``mode`` or read it.
+    """Open the satellite's reconfigure form; store ``mode`` or read the shown one.
 
-    Looks through the options menu for that form (choosing this satellite where a
-    field lists it). With ``mode`` the form is submitted and ``mode`` returned;
-    without, the form is abandoned and the value it shows returned. None: no form.
+    With ``mode`` the form is submitted (everything else as shown) and ``mode``
+    returned; without, the form is abandoned and the value it shows returned.
+    None: no such satellite, or no ``barge_in`` field.
     """
-    base = "config/config_entries/options/flow"
-    menu = await hass.rest("POST", base, {"handler": entry_id})
-    await hass.rest("DELETE", f"{base}/{menu['flow_id']}")
-    known = {"settings", "add_duplex"}
-    for option in menu.get("menu_options") or []:
-        if option in known or "remove" in option or "delete" in option:
-            continue
-        result = await hass.rest("POST", base, {"handler": entry_id})
-        result = await hass.rest(
-            "POST", f"{base}/{result['flow_id']}", {"next_step_id": option}
-        )
-        found: str | None = None
-        for _ in range(3):  # pick the satellite, then its settings
-            if result["type"] != "form":
-                break
-            fields = _form_fields(result)
-            if mode is None and "barge_in" in fields:
-                found = _shown_value(fields["barge_in"])
-                break
-            user_input: dict[str, Any] = {}
-            for name, field in fields.items():
-                if name == "barge_in":
-                    user_input[name] = found = mode
-                elif key in _choices(field):
-                    user_input[name] = [key] if field.get("multiple") else key
-            if not user_input:
-                break
-            result = await hass.rest("POST", f"{base}/{result['flow_id']}", user_input)
-        if result["type"] in ("form", "menu"):
-            await hass.rest("DELETE", f"{base}/{result['flow_id']}")
-        if found is not None and (mode is None or result["type"] == "create_entry"):
-            return found
-    return None
+    subentry_id = await _esphome_subentry(hass, entry_id, key)
+    if subentry_id is None:
+        return None
+    form = await _satellite_form(hass, entry_id, subentry_id)
+    fields = _form_fields(form)
+    if "barge_in" not in fields:
+        await hass.rest("DELETE", f"{SUBENTRY_FLOW}/{form['flow_id']}")
+        return None
+    if mode is None:
+        await hass.rest("DELETE", f"{SUBENTRY_FLOW}/{form['flow_id']}")
+        return _shown_value(fields["barge_in"])
+    user_input = {
+        name: value
+        for name, field in fields.items()
+        if (value := _shown(field)) is not None
+    }
+    user_input["barge_in"] = mode
+    result = await hass.rest("POST", f"{SUBENTRY_FLOW}/{form['flow_id']}", user_input)
+    return mode if result.get("reason") == "reconfigure_successful" else None
+
+
+def _shown(field: dict[str, Any]) -> Any:
+    """Return what a form field shows, as the frontend would send it back."""
+    suggested = (field.get("description") or {}).get("suggested_value")
+    return suggested if suggested is not None else field.get("default")
 
 
 def _shown_value(field: dict[str, Any]) -> str | None:
-    """Return the value a form field shows: its suggested value, else its default."""
-    suggested = (field.get("description") or {}).get("suggested_value")
-    value = suggested if suggested is not None else field.get("default")
+    """Return the value a form field shows, as text (None: nothing shown)."""
+    value = _shown(field)
     return None if value is None else str(value)
 
 
@@ -947,15 +970,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     duplex.add_argument(
         "--duplex",
         action="store_true",
-        help="add the satellite to the Realtime Voice entry of the agent as a duplex"
-        " satellite (its options flow, as a user does; reused on re-runs)",
+        help="add the satellite to the Realtime Voice entry of the agent as an"
+        " ESPHome satellite (Add ESPHome satellite, as a user does; reused on"
+        " re-runs)",
     )
     duplex.add_argument(
         "--barge-in",
         choices=BARGE_IN_MODES,
-        help="store this barge-in mode for the satellite, where Home Assistant"
-        " offers the setting in the entry's options (otherwise a note says it was"
-        " not stored and the stored mode applies, by default wake_word)",
+        help="store this barge-in mode for the satellite, where its settings"
+        " offer it (otherwise a note says it was not stored and the stored mode"
+        " applies, by default wake_word)",
     )
     duplex.add_argument(
         "--echo",

@@ -14,6 +14,7 @@ from .duplex_owner import async_watch_satellite_conflicts
 from .duplex_stream import async_register_streams
 from .redact import endpoint_unique_id
 from .runtime import RtVoiceConfigEntry, async_build_runtime
+from .satellites.stored import async_migrate_satellites
 from .services import async_setup_services
 
 PLATFORMS: list[Platform] = [
@@ -41,6 +42,9 @@ async def async_migrate_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) ->
     ``user:pass@`` or ``?api-key=``; it becomes ``endpoint_unique_id`` (without them).
     Should another entry hold that id already (two entries differing only in
     the URL's secrets), the entry id is appended so ids stay unique.
+
+    1.2 → 1.3: the duplex satellites move from the options into config subentries,
+    one each, with their devices and entities (``satellites.stored``).
     """
     if entry.version > 1:
         return False  # made by a newer version: do not touch
@@ -60,6 +64,9 @@ async def async_migrate_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) ->
         hass.config_entries.async_update_entry(
             entry, unique_id=unique_id, minor_version=2
         )
+    if entry.minor_version < 3:
+        async_migrate_satellites(hass, entry)
+        hass.config_entries.async_update_entry(entry, minor_version=3)
     return True
 
 
@@ -91,12 +98,13 @@ async def async_setup_entry(hass: HomeAssistant, entry: RtVoiceConfigEntry) -> b
 async def _async_update_listener(
     hass: HomeAssistant, entry: RtVoiceConfigEntry
 ) -> None:
-    """Options changed: apply them in place, keeping conversations and transcripts.
+    """Options or satellites changed: apply in place, keeping conversations.
 
-    Only switching tools on or off needs the entry to reload (which closes the
-    running conversations with hand-off, as unloading does).
+    Switching tools on or off, and adding, changing or removing a satellite (a
+    subentry), reload the entry (which closes the running conversations with
+    hand-off, as unloading does).
     """
-    if not entry.runtime_data.apply_options(entry.options):
+    if not entry.runtime_data.apply(entry):
         await hass.config_entries.async_reload(entry.entry_id)
 
 

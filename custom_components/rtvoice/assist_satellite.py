@@ -60,7 +60,7 @@ from homeassistant.helpers.dispatcher import async_dispatcher_connect
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
 from .audio.wakeword import MODELS as WAKE_WORD_MODELS, MODELS_BY_ID as WAKE_WORD_IDS
-from .const import CONF_WAKE_WORD, DOMAIN
+from .const import CONF_WAKE_WORD, DOMAIN, SUBENTRY_ESPHOME, SUBENTRY_WYOMING
 from .duplex import SessionState
 from .duplex_ha import (
     SIGNAL_DUPLEX_UPDATE,
@@ -70,6 +70,7 @@ from .duplex_ha import (
     satellite_unique_id,
 )
 from .runtime import RtVoiceConfigEntry
+from .satellites.stored import subentry_ids
 from .wyoming_ha import (
     SIGNAL_WYOMING_UPDATE,
     WAKE_WORD_SATELLITE,
@@ -116,15 +117,21 @@ async def async_setup_entry(
     entry: RtVoiceConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    """Add an entity per stored duplex satellite."""
+    """Add an entity per stored satellite, in its subentry (with its device)."""
     duplex = entry.runtime_data.duplex
-    async_add_entities(
-        DuplexSatelliteEntity(entry, duplex, key) for key in duplex.configs
-    )
+    subentries = subentry_ids(entry, SUBENTRY_ESPHOME)
+    for key in duplex.configs:
+        async_add_entities(
+            [DuplexSatelliteEntity(entry, duplex, key)],
+            config_subentry_id=subentries.get(key),
+        )
     wyoming = entry.runtime_data.wyoming
-    async_add_entities(
-        WyomingSatelliteEntity(entry, wyoming, key) for key in wyoming.configs
-    )
+    subentries = subentry_ids(entry, SUBENTRY_WYOMING)
+    for key in wyoming.configs:
+        async_add_entities(
+            [WyomingSatelliteEntity(entry, wyoming, key)],
+            config_subentry_id=subentries.get(key),
+        )
 
 
 class DuplexSatelliteEntity(AssistSatelliteEntity):

@@ -139,9 +139,14 @@ PROMPT_OWNER_HASS: Final = "hass"
 
 # --- duplex satellites (issue 10) ---------------------------------------------------------
 
-# Option: the ESPHome satellites this entry owns in duplex mode, a list of dicts with
-# host, port, noise_psk (None: plaintext), name, mac and esphome_version (from the
-# device when it was added).
+# The satellites an entry owns are config subentries (satellites/stored.py), one per
+# satellite, of these types. An ESPHome satellite's data: host, port, noise_psk
+# (None: plaintext), name, mac and esphome_version (from the device when it was
+# added), and the per-satellite settings below.
+SUBENTRY_ESPHOME: Final = "esphome_satellite"
+SUBENTRY_WYOMING: Final = "wyoming_satellite"
+# Options of entries before version 1.3, where the satellites were kept as lists of
+# the same mappings (moved into subentries by the migration).
 CONF_DUPLEX_SATELLITES: Final = "duplex_satellites"
 CONF_NOISE_PSK: Final = "noise_psk"
 CONF_MAC: Final = "mac"
@@ -165,8 +170,8 @@ DEFAULT_END_SILENCE: Final = 8
 CONF_TURN_EAGERNESS: Final = "turn_eagerness"
 DEFAULT_TURN_EAGERNESS: Final = "off"
 TURN_EAGERNESS_OFF: Final = "off"
-# Wyoming satellites owned by an entry (options), one dict each: host, port, name,
-# plus the per-satellite settings above and CONF_WAKE_WORD.
+# A Wyoming satellite's data: host, port, name, plus the per-satellite settings
+# above and CONF_WAKE_WORD (before 1.3: a list in the options under this key).
 CONF_WYOMING_SATELLITES: Final = "wyoming_satellites"
 CONF_WAKE_WORD: Final = "wake_word"  # a bundled model id, or "satellite"
 DEFAULT_WYOMING_PORT: Final = 10700

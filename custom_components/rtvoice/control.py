@@ -55,7 +55,7 @@ from .errors import (
     UnknownSatelliteError,
 )
 from .kernel import Kernel, KernelError, Outcome, Ticket, format_transcript
-from .satellites import SATELLITE_DOMAIN, SatelliteDirectory
+from .satellites.directory import SATELLITE_DOMAIN, SatelliteDirectory
 from .sessions import DuplexHandle, SessionManager
 
 _LOGGER = logging.getLogger(__name__)

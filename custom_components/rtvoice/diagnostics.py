@@ -5,7 +5,7 @@ and satellites' encryption keys (redacted), credentials or query strings of the
 base URL, and any text that went through a conversation — transcripts, prompt
 section contents and tool results are reduced to counts and names. The duplex
 ESPHome and Wyoming satellites' links report their connection, session state and
-counters (their host and port are in the options already).
+counters (their host and port are in the entry's subentries, listed too).
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ async def async_get_config_entry_diagnostics(
             "state": entry.state.value,
             "data": data,
             "options": dict(entry.options),
+            "subentries": [
+                {
+                    "type": subentry.subentry_type,
+                    "title": subentry.title,
+                    "data": dict(subentry.data),
+                }
+                for subentry in entry.subentries.values()
+            ],
         }
     }
     if entry.state is ConfigEntryState.LOADED:

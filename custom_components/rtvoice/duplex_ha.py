@@ -1,7 +1,7 @@
 """Duplex ESPHome satellites in Home Assistant: probing, STT/TTS binding, the links.
 
-- ``async_probe_satellite`` tests a satellite before the options flow stores it
-  (distinct reasons for the form's errors);
+- ``async_probe_satellite`` tests a satellite before a flow stores it (its
+  subentry flow, or a discovery; distinct reasons for the form's errors);
 - ``pipeline_stt`` / ``pipeline_tts`` bind the duplex session's speech to the STT
   and TTS engines of the satellite's Assist pipeline (its pipeline select; the
   preferred pipeline when none is chosen), read at every use: a change applies to
@@ -120,7 +120,7 @@ class ProbeError(Exception):
     """The satellite cannot be added; ``reason`` is the form's error key."""
 
     def __init__(self, reason: str) -> None:
-        """Keep the reason (a translation key of the options flow)."""
+        """Keep the reason (a translation key of the satellite's flow)."""
         super().__init__(reason)
         self.reason = reason
 

@@ -1,10 +1,11 @@
 """Who owns an ESPHome satellite: Realtime Voice entries or Home Assistant's ``esphome``.
 
-Only one API client can own a device's voice assistant. The config flow (discovery,
-take-over) and the repair issue ask the same questions, answered here from the
-config entries and the registries (no I/O):
+Only one API client can own a device's voice assistant. The flows (discovery, the
+satellite subentry flow's add and take-over) and the repair issue ask the same
+questions, answered here from the config entries and the registries (no I/O):
 
-- which Realtime Voice entries can take a satellite, and which one owns a MAC;
+- which Realtime Voice entries can take a satellite, and which one owns a MAC (its
+  ESPHome satellite subentry, ``satellites.stored``);
 - HA's ``esphome`` entry for a MAC (its unique id is the formatted MAC; its data
   holds host, port and the encryption key), and which of them are voice satellites
   (they registered an ``assist_satellite`` entity);
@@ -17,7 +18,7 @@ config entries and the registries (no I/O):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from aioesphomeapi import DeviceInfo
@@ -32,23 +33,19 @@ from homeassistant.helpers import (
 )
 
 from .const import (
-    CONF_BARGE_IN,
-    CONF_DUPLEX_SATELLITES,
-    CONF_ECHO_CANCELLATION,
-    CONF_END_SILENCE,
     CONF_ESPHOME_VERSION,
     CONF_MAC,
     CONF_NAME,
     CONF_NOISE_PSK,
     DOMAIN,
+    SUBENTRY_ESPHOME,
 )
 from .device_text import device_text
 from .duplex_ha import satellite_key
+from .satellites.stored import satellite_confs
 
 ESPHOME_DOMAIN: Final = "esphome"
 ASSIST_SATELLITE: Final = Platform.ASSIST_SATELLITE.value
-# What the user set per satellite: kept when the satellite is added again.
-SATELLITE_SETTINGS: Final = (CONF_BARGE_IN, CONF_ECHO_CANCELLATION, CONF_END_SILENCE)
 
 
 def satellite_conf(
@@ -63,22 +60,6 @@ def satellite_conf(
         CONF_MAC: info.mac_address,
         CONF_ESPHOME_VERSION: info.esphome_version,
     }
-
-
-def with_satellite(
-    satellites: Sequence[Mapping[str, Any]], satellite: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """Return ``satellites`` with ``satellite`` added, or replacing the same device.
-
-    A device added again keeps its per-satellite settings.
-    """
-    key = satellite_key(satellite)
-    old = next((s for s in satellites if satellite_key(s) == key), {})
-    kept = {name: old[name] for name in SATELLITE_SETTINGS if name in old}
-    return [
-        *(dict(s) for s in satellites if satellite_key(s) != key),
-        {**satellite, **kept},
-    ]
 
 
 @callback
@@ -96,7 +77,7 @@ def owner_of(
     """Return the Realtime Voice entry owning the satellite ``mac``, and its conf."""
     key = dr.format_mac(mac)
     for entry in hass.config_entries.async_entries(DOMAIN, include_ignore=False):
-        for conf in entry.options.get(CONF_DUPLEX_SATELLITES, []):
+        for conf in satellite_confs(entry, SUBENTRY_ESPHOME):
             if satellite_key(conf) == key:
                 return entry, conf
     return None
@@ -202,12 +183,9 @@ def async_watch_satellite_conflicts(
     unloaded entry owns no voice assistant.
     """
     raised: set[str] = set()
-    # Options never change while the entry is loaded without a reload (a changed
-    # satellite list reloads it), so the satellites are read once.
+    # A changed satellite (subentry) reloads the entry, so they are read once.
     satellites = [
-        conf
-        for conf in entry.options.get(CONF_DUPLEX_SATELLITES, [])
-        if conf.get(CONF_MAC)
+        conf for conf in satellite_confs(entry, SUBENTRY_ESPHOME) if conf.get(CONF_MAC)
     ]
 
     @callback

@@ -1,12 +1,12 @@
 """A satellite's stored link settings, as the links read them (one place, pydantic).
 
-The entry's options store each satellite as a plain mapping (``duplex_satellites``,
-``wyoming_satellites``). Before a link starts, its mapping passes through one of
-these models: the address is checked (a host, a port in 1–65535), and the ESPHome
-noise key becomes a ``SecretStr``, so no repr, log line or traceback of the settings
-shows it (``str(settings)`` prints ``**********``); only ``link_config()`` hands the
-key to aioesphomeapi. A mapping that does not fit raises ``LinkSettingsError``
-naming the fields, never their values. HA-free.
+Each satellite an entry owns is stored as a plain mapping, the data of its
+config subentry (``satellites.stored``). Before a link starts, its mapping passes
+through one of these models: the address is checked (a host, a port in 1–65535),
+and the ESPHome noise key becomes a ``SecretStr``, so no repr, log line or
+traceback of the settings shows it (``str(settings)`` prints ``**********``); only
+``link_config()`` hands the key to aioesphomeapi. A mapping that does not fit
+raises ``LinkSettingsError`` naming the fields, never their values. HA-free.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ calls flow one way (entity / actions → sessions / control → kernel → outpu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 import functools
 from typing import Any
@@ -19,20 +19,21 @@ from homeassistant.core import HomeAssistant
 from .brain import Brain, async_create_brain
 from .const import (
     BRAIN_OPENAI,
-    CONF_DUPLEX_SATELLITES,
     CONF_LLM_HASS_API,
-    CONF_WYOMING_SATELLITES,
     DEFAULT_LLM_HASS_API,
     LLM_API_NONE,
     PARENT_ID,
+    SUBENTRY_ESPHOME,
+    SUBENTRY_WYOMING,
 )
 from .control import ControlPlane
-from .duplex_ha import DuplexSatellites
+from .duplex_ha import DuplexSatellites, satellite_key
 from .duplex_link import RoundEnds
 from .kernel import ChannelRegistry, Kernel, PromptRegistry, ToolRunner
-from .satellites import SatelliteDirectory
+from .satellites.directory import SatelliteDirectory
+from .satellites.stored import satellite_confs
 from .sessions import SessionManager
-from .wyoming_ha import WyomingSatellites
+from .wyoming_ha import WyomingSatellites, wyoming_key
 
 
 @dataclass
@@ -50,25 +51,24 @@ class RtVoiceRuntime:
     duplex: DuplexSatellites
     wyoming: WyomingSatellites
 
-    def apply_options(self, options: Mapping[str, Any]) -> bool:
-        """Apply changed options without a reload; False when a reload is needed.
+    def apply(self, entry: ConfigEntry) -> bool:
+        """Apply a changed entry without a reload; False when a reload is needed.
 
-        Everything applies in place (running conversations and the transcript
+        The options apply in place (running conversations and the transcript
         archive stay; the entry's conversation settings reach the duplex
-        satellites' next conversations too) except switching tools on or off: whether the model is
-        offered tools at all (and ``ask_parent``) is wired into the kernel and the
-        conversation entity when the entry loads, and adding or removing a duplex
-        satellite or a Wyoming satellite (its link and entity are set up when the
-        entry loads).
+        satellites' next conversations too) except switching tools on or off:
+        whether the model is offered tools at all (and ``ask_parent``) is wired
+        into the kernel and the conversation entity when the entry loads. A
+        satellite added, changed or removed (a subentry) needs a reload too: its
+        link and entities are set up when the entry loads.
         """
-        if list(options.get(CONF_DUPLEX_SATELLITES, [])) != list(
-            self.duplex.configs.values()
+        if _by_key(satellite_confs(entry, SUBENTRY_ESPHOME), satellite_key) != (
+            _by_key(self.duplex.configs.values(), satellite_key)
+        ) or _by_key(satellite_confs(entry, SUBENTRY_WYOMING), wyoming_key) != (
+            _by_key(self.wyoming.configs.values(), wyoming_key)
         ):
             return False
-        if list(options.get(CONF_WYOMING_SATELLITES, [])) != list(
-            self.wyoming.configs.values()
-        ):
-            return False
+        options = entry.options
         if self.brain.kind == BRAIN_OPENAI:
             api_id = options.get(CONF_LLM_HASS_API, DEFAULT_LLM_HASS_API)
             wants_tools = bool(api_id) and api_id != LLM_API_NONE
@@ -92,6 +92,12 @@ class RtVoiceRuntime:
         await self.control.async_shutdown()
         await self.sessions.async_shutdown()
         self.satellites.async_stop()
+
+
+def _by_key(
+    confs: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]
+) -> dict[str, dict[str, Any]]:
+    return {key(conf): dict(conf) for conf in confs}
 
 
 def _text_paused(
@@ -140,7 +146,7 @@ async def async_build_runtime(
         entry.entry_id,
         kernel,
         round_ends,
-        entry.options.get(CONF_DUPLEX_SATELLITES, []),
+        satellite_confs(entry, SUBENTRY_ESPHOME),
         sessions=sessions,
     )
     await duplex.async_start()
@@ -149,7 +155,7 @@ async def async_build_runtime(
         entry.entry_id,
         kernel,
         round_ends,
-        entry.options.get(CONF_WYOMING_SATELLITES, []),
+        satellite_confs(entry, SUBENTRY_WYOMING),
         sessions=sessions,
     )
     try:

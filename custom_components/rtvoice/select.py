@@ -19,9 +19,10 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 from homeassistant.setup import async_setup_component
 
-from .const import DOMAIN
+from .const import DOMAIN, SUBENTRY_ESPHOME, SUBENTRY_WYOMING
 from .duplex_ha import satellite_device_info, satellite_unique_id
 from .runtime import RtVoiceConfigEntry
+from .satellites.stored import subentry_ids
 from .wyoming_ha import wyoming_device_info, wyoming_unique_id
 
 PARALLEL_UPDATES = 0
@@ -34,7 +35,7 @@ async def async_setup_entry(
     entry: RtVoiceConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    """Add a pipeline select per stored duplex and Wyoming satellite."""
+    """Add a pipeline select per stored satellite, in its subentry."""
     duplex = entry.runtime_data.duplex
     wyoming = entry.runtime_data.wyoming
     if not duplex.configs and not wyoming.configs:
@@ -42,14 +43,18 @@ async def async_setup_entry(
     # The select reads the pipeline store: make sure it exists (the platforms of
     # an entry are set up side by side, assist_satellite's dependencies too).
     await async_setup_component(hass, PIPELINE_DOMAIN, {})
-    async_add_entities(
-        DuplexPipelineSelect(hass, entry.entry_id, key, conf)
-        for key, conf in duplex.configs.items()
-    )
-    async_add_entities(
-        WyomingPipelineSelect(hass, entry.entry_id, key, conf)
-        for key, conf in wyoming.configs.items()
-    )
+    subentries = subentry_ids(entry, SUBENTRY_ESPHOME)
+    for key, conf in duplex.configs.items():
+        async_add_entities(
+            [DuplexPipelineSelect(hass, entry.entry_id, key, conf)],
+            config_subentry_id=subentries.get(key),
+        )
+    subentries = subentry_ids(entry, SUBENTRY_WYOMING)
+    for key, conf in wyoming.configs.items():
+        async_add_entities(
+            [WyomingPipelineSelect(hass, entry.entry_id, key, conf)],
+            config_subentry_id=subentries.get(key),
+        )
 
 
 class DuplexPipelineSelect(AssistPipelineSelect):

@@ -47,7 +47,7 @@ from .const import DOMAIN, SIGNAL_SESSION_UPDATE, STATE_CLOSED
 from .entity import RtVoiceEntity
 from .kernel import ChildState, ChildStats
 from .runtime import RtVoiceConfigEntry
-from .satellites import SatelliteDirectory
+from .satellites.directory import SatelliteDirectory
 
 _LOGGER = logging.getLogger(__name__)
 

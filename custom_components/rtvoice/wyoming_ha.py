@@ -1,6 +1,6 @@
 """Wyoming satellites in Home Assistant: probing, the links, the repair.
 
-- ``async_probe_wyoming`` tests a satellite before the options flow (or a
+- ``async_probe_wyoming`` tests a satellite before its subentry flow (or a
   discovery) stores it: ``describe`` → ``info`` must show a satellite;
 - ``WyomingSatellites`` runs one ``WyomingSatelliteLink`` per stored satellite on the
   entry's kernel, with the STT and TTS of the pipeline chosen in the satellite's
@@ -10,7 +10,7 @@
   conversations with the ``SessionManager`` (listed, sent to, stopped and read
   like any other), tells the satellite entities (a dispatcher signal) when a
   link or its session changes, and stores a satellite's changed settings
-  (``async_store``: the entry reloads). ``async_stop`` leaves no task;
+  (``async_store``: the satellite's subentry; the entry reloads). ``async_stop`` leaves no task;
 - while it runs, a repair issue says when HA's ``wyoming`` integration holds the
   same satellite (same host and port): a satellite serves one client at a time.
 """
@@ -46,9 +46,9 @@ from .audio.wakeword import MODELS_BY_ID, WakeWordEngine, WakeWordUnavailableErr
 from .const import (
     CONF_NAME,
     CONF_WAKE_WORD,
-    CONF_WYOMING_SATELLITES,
     DEFAULT_WYOMING_PORT,
     DOMAIN,
+    SUBENTRY_WYOMING,
 )
 from .duplex import SessionState
 from .duplex_ha import satellite_binding, satellite_device_id, with_entry_settings
@@ -390,20 +390,20 @@ class WyomingSatellites:
 
     @callback
     def async_store(self, key: str, **settings: Any) -> None:
-        """Store changed settings of satellite ``key`` in the entry's options.
+        """Store changed settings of satellite ``key`` in its subentry.
 
         The entry reloads (the update listener), and the satellite's link with it.
         """
         entry = self.hass.config_entries.async_get_entry(self.entry_id)
         if entry is None:
             return
-        satellites = [
-            {**conf, **settings} if wyoming_key(conf) == key else dict(conf)
-            for conf in entry.options.get(CONF_WYOMING_SATELLITES, [])
-        ]
-        self.hass.config_entries.async_update_entry(
-            entry, options={**entry.options, CONF_WYOMING_SATELLITES: satellites}
-        )
+        for subentry in entry.subentries.values():
+            if subentry.subentry_type == SUBENTRY_WYOMING and (
+                wyoming_key(subentry.data) == key
+            ):
+                self.hass.config_entries.async_update_subentry(
+                    entry, subentry, data={**subentry.data, **settings}
+                )
 
     # --- HA's wyoming integration holding the same satellite ---------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 from unittest.mock import Mock, patch
@@ -27,6 +27,12 @@ from custom_components.rtvoice.const import (
     DEFAULT_OPTIONS_HA_AGENT,
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
+    SUBENTRY_ESPHOME,
+    SUBENTRY_WYOMING,
+)
+from custom_components.rtvoice.satellites.stored import (
+    new_subentry,
+    satellite_subentries,
 )
 from homeassistant.components.assist_satellite import (
     AssistSatelliteConfiguration,
@@ -34,9 +40,17 @@ from homeassistant.components.assist_satellite import (
     AssistSatelliteEntityFeature,
 )
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
-from homeassistant.config_entries import ConfigEntry, ConfigEntryState, ConfigFlow
+from homeassistant.config_entries import (
+    SOURCE_RECONFIGURE,
+    SOURCE_USER,
+    ConfigEntry,
+    ConfigEntryState,
+    ConfigFlow,
+    ConfigSubentryData,
+)
 from homeassistant.const import Platform
 from homeassistant.core import HomeAssistant
+from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import area_registry as ar, entity_registry as er
 from homeassistant.helpers.device_registry import DeviceInfo
 from homeassistant.setup import async_setup_component
@@ -67,11 +81,14 @@ def openai_entry(
     title: str = "Realtime Voice",
     entry_id: str | None = None,
     options: Mapping[str, Any] | None = None,
+    esphome: Iterable[Mapping[str, Any]] = (),
+    wyoming: Iterable[Mapping[str, Any]] = (),
     **data: Any,
 ) -> MockConfigEntry:
     """Add (not set up) an openai-brain entry for the peer.
 
-    ``options`` override the default options, ``data`` the entry data.
+    ``options`` override the default options, ``data`` the entry data;
+    ``esphome`` and ``wyoming`` are the satellites it owns (one subentry each).
     """
     entry = MockConfigEntry(
         domain=DOMAIN,
@@ -79,6 +96,10 @@ def openai_entry(
         entry_id=entry_id,
         data=openai_data(peer, **data),
         options={**DEFAULT_OPTIONS_OPENAI, **(options or {})},
+        subentries_data=[
+            *(satellite_subentry(SUBENTRY_ESPHOME, conf) for conf in esphome),
+            *(satellite_subentry(SUBENTRY_WYOMING, conf) for conf in wyoming),
+        ],
     )
     entry.add_to_hass(hass)
     return entry
@@ -229,9 +250,72 @@ async def async_setup_test_integration(
 
 
 async def open_settings(hass: HomeAssistant, entry: ConfigEntry) -> Any:
-    """Open an entry's options flow and pick the settings form from its menu."""
-    menu = await hass.config_entries.options.async_init(entry.entry_id)
-    assert menu["step_id"] == "init" and "settings" in menu["menu_options"]
-    return await hass.config_entries.options.async_configure(
-        menu["flow_id"], {"next_step_id": "settings"}
+    """Open an entry's options flow: the settings form (satellites are subentries)."""
+    form = await hass.config_entries.options.async_init(entry.entry_id)
+    assert form["step_id"] == "init" and form["type"] == "form", form
+    return form
+
+
+# --------------------------------------------------------------------------- satellites
+
+
+def satellite_subentry(kind: str, conf: Mapping[str, Any]) -> ConfigSubentryData:
+    """Return the stored form of a satellite's subentry, as a flow creates it."""
+    subentry = new_subentry(kind, conf)
+    return ConfigSubentryData(
+        data=subentry.data,
+        subentry_type=kind,
+        title=subentry.title,
+        unique_id=subentry.unique_id,
+    )
+
+
+def stored_satellites(entry: ConfigEntry, kind: str) -> list[dict[str, Any]]:
+    """Return the data of the entry's satellite subentries of one kind."""
+    return [dict(s.data) for s in satellite_subentries(entry, kind)]
+
+
+async def start_satellite_flow(
+    hass: HomeAssistant, entry: ConfigEntry, kind: str
+) -> dict[str, Any]:
+    """Press "Add … satellite" on the entry: the subentry flow's first result."""
+    return dict(
+        await hass.config_entries.subentries.async_init(
+            (entry.entry_id, kind), context={"source": SOURCE_USER}
+        )
+    )
+
+
+async def add_esphome_satellite(
+    hass: HomeAssistant, entry: ConfigEntry, user_input: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Add an ESPHome satellite by its address (the menu's first choice, if shown)."""
+    result = await start_satellite_flow(hass, entry, SUBENTRY_ESPHOME)
+    if result["type"] is FlowResultType.MENU:
+        result = dict(
+            await hass.config_entries.subentries.async_configure(
+                result["flow_id"], {"next_step_id": "connect"}
+            )
+        )
+    assert result["type"] is FlowResultType.FORM and result["step_id"] == "connect"
+    return dict(
+        await hass.config_entries.subentries.async_configure(
+            result["flow_id"], dict(user_input)
+        )
+    )
+
+
+async def reconfigure_satellite(
+    hass: HomeAssistant, entry: ConfigEntry, kind: str, index: int = 0
+) -> dict[str, Any]:
+    """Press "Reconfigure" on the entry's satellite ``index`` of one kind."""
+    subentry = satellite_subentries(entry, kind)[index]
+    return dict(
+        await hass.config_entries.subentries.async_init(
+            (entry.entry_id, kind),
+            context={
+                "source": SOURCE_RECONFIGURE,
+                "subentry_id": subentry.subentry_id,
+            },
+        )
     )

@@ -23,8 +23,8 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 import voluptuous as vol
 from yarl import URL
 
-from custom_components.rtvoice import config_flow as config_flow_module
-from custom_components.rtvoice.config_flow import (
+from custom_components.rtvoice import brain_check
+from custom_components.rtvoice.brain_check import (
     distinct_title,
     ha_agent_unique_id,
     openai_unique_id,
@@ -901,7 +901,7 @@ async def test_options_openai(hass: HomeAssistant) -> None:
     entry.add_to_hass(hass)
     result = await open_settings(hass, entry)
     assert result["type"] is FlowResultType.FORM
-    assert result["step_id"] == "settings"
+    assert result["step_id"] == "init"
     assert_translated(result, "options")
     assert fields(result) == {
         CONF_PROMPT,
@@ -1110,7 +1110,7 @@ async def test_numeric_options_describe_their_range(hass: HomeAssistant) -> None
     entry = openai_entry(DEFAULT_BASE_URL)
     entry.add_to_hass(hass)
     result = await open_settings(hass, entry)
-    descriptions = TRANSLATIONS["options"]["step"]["settings"]["data_description"]
+    descriptions = TRANSLATIONS["options"]["step"]["init"]["data_description"]
     numbers = {
         str(key): (selector.config, key.default())
         for key, selector in result["data_schema"].schema.items()
@@ -1178,7 +1178,7 @@ async def test_connection_errors_say_why(
     cause: str,
 ) -> None:
     """DNS, refused port, timeout and HTTP 5xx: the form and the debug log say which."""
-    monkeypatch.setattr(config_flow_module, "VALIDATION_TIMEOUT", 0.05)
+    monkeypatch.setattr(brain_check, "VALIDATION_TIMEOUT", 0.05)
     caplog.set_level(logging.DEBUG, logger="custom_components.rtvoice")
     reply = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
     async with raw_server(None if server == "hung" else reply) as served:

@@ -23,15 +23,15 @@ from custom_components.rtvoice.const import (
     CONF_API_KEY,
     CONF_BASE_URL,
     CONF_BRAIN,
-    CONF_DUPLEX_SATELLITES,
     CONF_ESPHOME_VERSION,
     CONF_MODEL,
     CONF_NAME,
     CONF_NOISE_PSK,
     CONF_PROMPT,
-    CONF_WYOMING_SATELLITES,
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
+    SUBENTRY_ESPHOME,
+    SUBENTRY_WYOMING,
 )
 from custom_components.rtvoice.redact import safe_url
 from homeassistant.const import CONF_HOST, CONF_PORT
@@ -178,6 +178,7 @@ async def test_entry_not_loaded(
                 CONF_MODEL: "m",
             },
             "options": {**DEFAULT_OPTIONS_OPENAI, CONF_PROMPT: "**REDACTED**"},
+            "subentries": [],
         }
     }
     for secret in ("pa55word", "user", "k3y", "frag", "sk-other", "Marvin"):
@@ -241,21 +242,17 @@ async def test_duplex_and_wyoming_links(
         entry = openai_entry(
             hass,
             openai_peer,
-            options={
-                CONF_DUPLEX_SATELLITES: [
-                    {
-                        CONF_HOST: device.host,
-                        CONF_PORT: device.port,
-                        CONF_NOISE_PSK: device.noise_psk,
-                        CONF_NAME: "Kitchen duplex",
-                        # 2026.x never answers a login: connect without one.
-                        CONF_ESPHOME_VERSION: "2026.9.0",
-                    }
-                ],
-                CONF_WYOMING_SATELLITES: [
-                    {CONF_HOST: "127.0.0.1", CONF_PORT: free_port, CONF_NAME: "Hall"}
-                ],
-            },
+            esphome=[
+                {
+                    CONF_HOST: device.host,
+                    CONF_PORT: device.port,
+                    CONF_NOISE_PSK: device.noise_psk,
+                    CONF_NAME: "Kitchen duplex",
+                    # 2026.x never answers a login: connect without one.
+                    CONF_ESPHOME_VERSION: "2026.9.0",
+                }
+            ],
+            wyoming=[{CONF_HOST: "127.0.0.1", CONF_PORT: free_port, CONF_NAME: "Hall"}],
         )
         await async_load_entry(hass, entry)
         [link] = entry.runtime_data.duplex.links.values()
@@ -266,8 +263,13 @@ async def test_duplex_and_wyoming_links(
         await hass.async_block_till_done()
     assert device.noise_psk is not None
     assert device.noise_psk not in json.dumps(diagnostics)
-    [stored] = diagnostics["entry"]["options"][CONF_DUPLEX_SATELLITES]
-    assert stored[CONF_NOISE_PSK] == "**REDACTED**"
+    esphome, wyoming_stored = diagnostics["entry"]["subentries"]
+    assert (esphome["type"], esphome["title"]) == (SUBENTRY_ESPHOME, "Kitchen duplex")
+    assert esphome["data"][CONF_NOISE_PSK] == "**REDACTED**"
+    assert (wyoming_stored["type"], wyoming_stored["title"]) == (
+        SUBENTRY_WYOMING,
+        "Hall",
+    )
     runtime = diagnostics["runtime"]
     [duplex] = runtime["duplex_satellites"]
     assert duplex == {

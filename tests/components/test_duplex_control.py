@@ -45,7 +45,7 @@ from tests.components.test_duplex_entity import (
 from tests.components.test_wyoming_satellite import (
     ASK_LIGHTS,
     WAKE,
-    options_step,
+    add_wyoming,
     sat_python,  # noqa: F401 - a fixture
     satellite_rig,
     say,
@@ -296,10 +296,9 @@ async def test_wyoming_conversation_is_the_entrys(
         ),
     )
     async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
-        result = await options_step(
+        result = await add_wyoming(
             hass,
             entry,
-            "add_wyoming",
             {
                 CONF_HOST: satellite.host,
                 CONF_PORT: satellite.port,

@@ -29,7 +29,6 @@ from pytest_homeassistant_custom_component.typing import (
 from custom_components.rtvoice import duplex_ha
 from custom_components.rtvoice.const import (
     CONF_BARGE_IN,
-    CONF_DUPLEX_SATELLITES,
     CONF_ECHO_CANCELLATION,
     CONF_END_SILENCE,
     CONF_ESPHOME_VERSION,
@@ -219,10 +218,8 @@ async def duplex_rig(
             entry = openai_entry(
                 hass,
                 openai_peer,
-                options={
-                    **(options or {}),
-                    CONF_DUPLEX_SATELLITES: [stored(device, **settings)],
-                },
+                options=options,
+                esphome=[stored(device, **settings)],
             )
             await async_load_entry(hass, entry)
             await async_update_pipeline(
@@ -415,9 +412,7 @@ async def test_echo_cancellation_when_asked_and_why_not(
                 return_value="the livekit package is not installed",
             ),
         ):
-            entry = openai_entry(
-                hass, openai_peer, options={CONF_DUPLEX_SATELLITES: [conf]}
-            )
+            entry = openai_entry(hass, openai_peer, esphome=[conf])
             await async_load_entry(hass, entry)
         [binding] = entry.runtime_data.duplex.bindings.values()
         assert binding.echo is None

@@ -1,5 +1,9 @@
 """Owning a duplex satellite: discovery, take-over, per-satellite settings, the repair.
 
+A satellite is a config subentry of the entry: discovery adds one from the config
+flow, "Add ESPHome satellite" (the subentry flow) adds or takes one over, and its
+reconfigure form holds its settings.
+
 Real peers on 127.0.0.1: the ESPHome emulator (the probes are real aioesphomeapi
 clients), HA's own ``esphome`` integration where an esphome entry is needed (added
 through its config flow, as ``esphome_rig`` does), HA's issue registry and repairs
@@ -20,10 +24,8 @@ from typing import Any
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.rtvoice.config_flow import CONF_ENTRY_ID, CONF_SATELLITE
 from custom_components.rtvoice.const import (
     CONF_BARGE_IN,
-    CONF_DUPLEX_SATELLITES,
     CONF_ECHO_CANCELLATION,
     CONF_END_SILENCE,
     CONF_ESPHOME_VERSION,
@@ -32,9 +34,12 @@ from custom_components.rtvoice.const import (
     CONF_NOISE_PSK,
     CONF_TURN_EAGERNESS,
     DOMAIN,
+    SUBENTRY_ESPHOME,
 )
 from custom_components.rtvoice.duplex import echo
 from custom_components.rtvoice.duplex_owner import ESPHOME_VOICE_KEYS, conflict_issue_id
+from custom_components.rtvoice.satellites.discovery import CONF_ENTRY_ID
+from custom_components.rtvoice.satellites.esphome.flow import CONF_ESPHOME_ENTRY
 from homeassistant.components.repairs import repairs_flow_manager
 from homeassistant.config_entries import (
     SOURCE_IGNORE,
@@ -48,7 +53,13 @@ from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import entity_registry as er, issue_registry as ir
 from homeassistant.helpers.service_info.zeroconf import ZeroconfServiceInfo
 from homeassistant.setup import async_setup_component
-from tests.components.common import async_load_entry, openai_entry
+from tests.components.common import (
+    async_load_entry,
+    openai_entry,
+    reconfigure_satellite,
+    start_satellite_flow,
+    stored_satellites,
+)
 from tests.components.esphome_rig import entity_of, esphome_flow, wait
 from tests.peers.esphome import ATOM_ECHO_FEATURES, EmulatedDevice, Kind
 from tests.peers.esphome.config import Feature
@@ -102,16 +113,14 @@ async def discover(hass: HomeAssistant, device: EmulatedDevice) -> dict[str, Any
     )
 
 
-async def options_step(
-    hass: HomeAssistant, entry: ConfigEntry, step: str
-) -> dict[str, Any]:
-    """Open the options menu and pick ``step``; the step's first result."""
-    menu = await hass.config_entries.options.async_init(entry.entry_id)
-    assert menu["type"] is FlowResultType.MENU
-    assert step in menu["menu_options"], menu["menu_options"]
+async def take_over_form(hass: HomeAssistant, entry: ConfigEntry) -> dict[str, Any]:
+    """Press "Add ESPHome satellite" and choose to take one over; the form."""
+    menu = await start_satellite_flow(hass, entry, SUBENTRY_ESPHOME)
+    assert menu["type"] is FlowResultType.MENU, menu
+    assert menu["menu_options"] == ["connect", "take_over"]
     return dict(
-        await hass.config_entries.options.async_configure(
-            menu["flow_id"], {"next_step_id": step}
+        await hass.config_entries.subentries.async_configure(
+            menu["flow_id"], {"next_step_id": "take_over"}
         )
     )
 
@@ -145,8 +154,8 @@ async def unload(hass: HomeAssistant, *entries: ConfigEntry) -> None:
 
 def stored(entry: ConfigEntry) -> dict[str, Any]:
     """Return the one satellite ``entry`` owns."""
-    [satellite] = entry.options[CONF_DUPLEX_SATELLITES]
-    return dict(satellite)
+    [satellite] = stored_satellites(entry, SUBENTRY_ESPHOME)
+    return satellite
 
 
 # --------------------------------------------------------------------------- discovery
@@ -179,10 +188,15 @@ async def test_discovered_satellite_is_added_and_gets_its_entity(
             CONF_MAC: MAC,
             CONF_ESPHOME_VERSION: FIRMWARE,
         }
+        [subentry] = entry.subentries.values()  # a satellite of the entry's page
+        assert (subentry.title, subentry.unique_id) == ("Kitchen duplex", KEY)
         await hass.async_block_till_done()  # the entry reloads with the satellite
         assert entry.state is ConfigEntryState.LOADED
         satellite = entity_of(hass, entry, "assist_satellite")
         assert hass.states.get(satellite) is not None
+        registered = er.async_get(hass).async_get(satellite)
+        assert registered is not None
+        assert registered.config_subentry_id == subentry.subentry_id
         await wait(device.wait_for_voice_client(), SAFETY)  # our link owns it
         await unload(hass, entry)
     assert device.voice.errors == []
@@ -197,7 +211,7 @@ async def test_discovered_device_without_voice_assistant_aborts(
         result = await discover(hass, device)
     assert result["type"] is FlowResultType.ABORT
     assert result["reason"] == "not_voice_satellite"
-    assert CONF_DUPLEX_SATELLITES not in entry.options
+    assert entry.subentries == {}
 
 
 async def test_discovery_aborts_when_owned_or_without_an_entry(
@@ -210,7 +224,7 @@ async def test_discovery_aborts_when_owned_or_without_an_entry(
         assert result["reason"] == "no_realtime_voice_entry"
 
         owned = {CONF_HOST: "192.0.2.1", CONF_PORT: 6053, CONF_MAC: MAC}
-        openai_entry(hass, openai_peer, options={CONF_DUPLEX_SATELLITES: [owned]})
+        openai_entry(hass, openai_peer, esphome=[owned])
         result = await discover(hass, device)
         assert result["type"] is FlowResultType.ABORT
         assert result["reason"] == "already_owned"
@@ -284,7 +298,7 @@ async def test_discovery_asks_which_entry_when_there_are_several(
         "name": "Kitchen duplex",
         "entry": "Second",
     }
-    assert CONF_DUPLEX_SATELLITES not in first.options
+    assert first.subentries == {}
     assert stored(second)[CONF_MAC] == MAC
 
 
@@ -333,6 +347,18 @@ async def test_discovery_uses_the_esphome_key_and_the_repair_disables_its_entity
         assert stored(entry)[CONF_NOISE_PSK] == device.noise_psk
         await hass.async_block_till_done()
 
+        # Issue 17 item 3: while ESPHome's satellite is still enabled on the
+        # device, the entry's sensors are there once, without "_2" ids.
+        sensors = sorted(
+            e.entity_id
+            for e in er.async_entries_for_config_entry(
+                er.async_get(hass), entry.entry_id
+            )
+            if e.domain == "sensor"
+        )
+        assert len(sensors) == 4, sensors  # state and three counters
+        assert [s for s in sensors if s.endswith("_2")] == []
+
         issues = ir.async_get(hass)
         issue = issues.async_get_issue(DOMAIN, issue_id)
         assert issue is not None and issue.is_fixable
@@ -368,18 +394,18 @@ async def test_discovery_uses_the_esphome_key_and_the_repair_disables_its_entity
 async def test_take_over_copies_the_key_and_removing_clears_the_repair(
     hass: HomeAssistant, openai_peer: OpenAIPeer
 ) -> None:
-    """The options offer HA's esphome voice satellites; the chosen one's key is copied.
+    """Adding an ESPHome satellite offers HA's esphome voice satellites; key copied.
 
     The repair is raised while HA's entity stays enabled, and goes when the
-    satellite is removed from Realtime Voice again.
+    satellite's subentry is deleted again.
     """
     entry = await async_load_entry(hass, openai_entry(hass, openai_peer))
     async with esphome_device() as device:
         esphome_entry = await add_esphome_entry(hass, device)
-        form = await options_step(hass, entry, "take_over_duplex")
+        form = await take_over_form(hass, entry)
         assert form["type"] is FlowResultType.FORM
-        result = await hass.config_entries.options.async_configure(
-            form["flow_id"], {CONF_ENTRY_ID: esphome_entry.entry_id}
+        result = await hass.config_entries.subentries.async_configure(
+            form["flow_id"], {CONF_ESPHOME_ENTRY: esphome_entry.entry_id}
         )
         assert result["type"] is FlowResultType.CREATE_ENTRY, result
         assert stored(entry) == {
@@ -394,17 +420,14 @@ async def test_take_over_copies_the_key_and_removing_clears_the_repair(
         issue_id = conflict_issue_id(entry.entry_id, KEY)
         assert ir.async_get(hass).async_get_issue(DOMAIN, issue_id) is not None
 
-        # Owned now: the options no longer offer it, discovery aborts.
-        menu = await hass.config_entries.options.async_init(entry.entry_id)
-        assert "take_over_duplex" not in menu["menu_options"]
-        hass.config_entries.options.async_abort(menu["flow_id"])
+        # Owned now: nothing is left to take over, discovery aborts.
+        form = await start_satellite_flow(hass, entry, SUBENTRY_ESPHOME)
+        assert form["type"] is FlowResultType.FORM and form["step_id"] == "connect"
+        hass.config_entries.subentries.async_abort(form["flow_id"])
         assert (await discover(hass, device))["reason"] == "already_owned"
 
-        form = await options_step(hass, entry, "remove_duplex")
-        result = await hass.config_entries.options.async_configure(
-            form["flow_id"], {CONF_DUPLEX_SATELLITES: [KEY]}
-        )
-        assert result["type"] is FlowResultType.CREATE_ENTRY
+        [subentry] = entry.subentries.values()
+        assert hass.config_entries.async_remove_subentry(entry, subentry.subentry_id)
         await hass.async_block_till_done()
         assert ir.async_get(hass).async_get_issue(DOMAIN, issue_id) is None
         await unload(hass, entry, esphome_entry)
@@ -421,13 +444,13 @@ async def test_take_over_reports_a_changed_key(
         hass.config_entries.async_update_entry(
             esphome_entry, data={**esphome_entry.data, CONF_NOISE_PSK: WRONG_KEY}
         )
-        form = await options_step(hass, entry, "take_over_duplex")
-        result = await hass.config_entries.options.async_configure(
-            form["flow_id"], {CONF_ENTRY_ID: esphome_entry.entry_id}
+        form = await take_over_form(hass, entry)
+        result = await hass.config_entries.subentries.async_configure(
+            form["flow_id"], {CONF_ESPHOME_ENTRY: esphome_entry.entry_id}
         )
         assert result["type"] is FlowResultType.FORM
         assert result["errors"] == {"base": "invalid_key"}
-        assert CONF_DUPLEX_SATELLITES not in entry.options
+        assert entry.subentries == {}
         await unload(hass, esphome_entry)
 
 
@@ -447,53 +470,60 @@ def owning_entry(hass: HomeAssistant, peer: OpenAIPeer, *names: str) -> MockConf
         }
         for number, name in enumerate(names, start=1)
     ]
-    return openai_entry(hass, peer, options={CONF_DUPLEX_SATELLITES: satellites})
+    return openai_entry(hass, peer, esphome=satellites)
 
 
-async def test_satellite_settings_are_stored_in_its_dict(
+async def test_satellite_settings_are_stored_in_its_subentry(
     hass: HomeAssistant, openai_peer: OpenAIPeer
 ) -> None:
-    """Pick a satellite, set barge-in, echo cancellation, end silence: only it changes."""
+    """Reconfigure one satellite: barge-in, echo cancellation, end silence; only it changes.
+
+    The address is unchanged, so nothing connects (the devices are not there).
+    """
     entry = owning_entry(hass, openai_peer, "Kitchen", "Hall")
-    form = await options_step(hass, entry, "configure_duplex")
-    assert form["step_id"] == "configure_duplex"
-    form = await hass.config_entries.options.async_configure(
-        form["flow_id"], {CONF_SATELLITE: "aa:bb:cc:dd:ee:02"}
-    )
-    assert form["step_id"] == "duplex_settings"
+    options = dict(entry.options)
+    form = await reconfigure_satellite(hass, entry, SUBENTRY_ESPHOME, 1)
+    assert form["step_id"] == "reconfigure"
     assert form["description_placeholders"] == {
-        "name": "Hall (192.0.2.2)",
+        "name": "Hall",
+        "key": "none (the satellite does not use encryption)",
         "echo_cancellation": "available",
     }
-    result = await hass.config_entries.options.async_configure(
+    assert suggested_values(form) == {
+        CONF_HOST: "192.0.2.2",
+        CONF_PORT: 6053,
+        CONF_BARGE_IN: "wake_word",
+        CONF_ECHO_CANCELLATION: False,
+        CONF_END_SILENCE: 8,
+        CONF_TURN_EAGERNESS: "off",
+    }
+    result = await hass.config_entries.subentries.async_configure(
         form["flow_id"],
         {
+            CONF_HOST: "192.0.2.2",
+            CONF_PORT: 6053,
             CONF_BARGE_IN: "vad",
             CONF_ECHO_CANCELLATION: True,
             CONF_END_SILENCE: 12.0,
             CONF_TURN_EAGERNESS: "low",
         },
     )
-    assert result["type"] is FlowResultType.CREATE_ENTRY
-    kitchen, hall = entry.options[CONF_DUPLEX_SATELLITES]
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "reconfigure_successful"
+    kitchen, hall = stored_satellites(entry, SUBENTRY_ESPHOME)
     assert CONF_BARGE_IN not in kitchen
     assert hall[CONF_BARGE_IN] == "vad"
     assert hall[CONF_ECHO_CANCELLATION] is True
     assert hall[CONF_END_SILENCE] == 12
     assert hall[CONF_TURN_EAGERNESS] == "low"
     assert hall[CONF_MAC] == "AA:BB:CC:DD:EE:02"  # the identity is kept
-    assert "prompt" in entry.options
+    assert dict(entry.options) == options  # the entry's own settings are not touched
 
     # Shown again with what is stored.
-    form = await options_step(hass, entry, "configure_duplex")
-    form = await hass.config_entries.options.async_configure(
-        form["flow_id"], {CONF_SATELLITE: "aa:bb:cc:dd:ee:02"}
-    )
-    suggested = {
-        str(key): key.description["suggested_value"]
-        for key in form["data_schema"].schema
-    }
-    assert suggested == {
+    form = await reconfigure_satellite(hass, entry, SUBENTRY_ESPHOME, 1)
+    assert suggested_values(form) == {
+        CONF_HOST: "192.0.2.2",
+        CONF_PORT: 6053,
         CONF_BARGE_IN: "vad",
         CONF_ECHO_CANCELLATION: True,
         CONF_END_SILENCE: 12,
@@ -501,33 +531,153 @@ async def test_satellite_settings_are_stored_in_its_dict(
     }
 
 
+def suggested_values(form: dict[str, Any]) -> dict[str, Any]:
+    """Return what a form pre-fills (its suggested values)."""
+    return {
+        str(key): key.description["suggested_value"]
+        for key in form["data_schema"].schema
+        if key.description and "suggested_value" in key.description
+    }
+
+
 async def test_echo_cancellation_is_refused_where_it_cannot_run(
     hass: HomeAssistant, openai_peer: OpenAIPeer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the livekit wheel the form says why and refuses it; vad alone is allowed.
+    """Without a canceller the form says why and refuses it; vad alone is allowed.
 
-    The monkeypatch simulates a missing livekit wheel (it is installed here).
+    The monkeypatch simulates a missing canceller (every install has one).
     """
     reason = "the livekit package is not installed (No module named 'livekit')"
     monkeypatch.setattr(echo, "unavailable_reason", lambda: reason)
     entry = owning_entry(hass, openai_peer, "Kitchen")
-    form = await options_step(hass, entry, "configure_duplex")
-    assert form["step_id"] == "duplex_settings"  # one satellite: no pick
+    form = await reconfigure_satellite(hass, entry, SUBENTRY_ESPHOME)
+    assert form["step_id"] == "reconfigure"
     assert form["description_placeholders"]["echo_cancellation"] == (
         f"not available here: {reason}"
     )
-    form = await hass.config_entries.options.async_configure(
+    address = {CONF_HOST: "192.0.2.1", CONF_PORT: 6053}
+    form = await hass.config_entries.subentries.async_configure(
         form["flow_id"],
-        {CONF_BARGE_IN: "vad", CONF_ECHO_CANCELLATION: True, CONF_END_SILENCE: 8},
+        {
+            **address,
+            CONF_BARGE_IN: "vad",
+            CONF_ECHO_CANCELLATION: True,
+            CONF_END_SILENCE: 8,
+        },
     )
     assert form["type"] is FlowResultType.FORM
     assert form["errors"] == {CONF_ECHO_CANCELLATION: "echo_cancellation_unavailable"}
     assert CONF_BARGE_IN not in stored(entry)
 
-    result = await hass.config_entries.options.async_configure(
+    result = await hass.config_entries.subentries.async_configure(
         form["flow_id"],
-        {CONF_BARGE_IN: "vad", CONF_ECHO_CANCELLATION: False, CONF_END_SILENCE: 8},
+        {
+            **address,
+            CONF_BARGE_IN: "vad",
+            CONF_ECHO_CANCELLATION: False,
+            CONF_END_SILENCE: 8,
+        },
     )
-    assert result["type"] is FlowResultType.CREATE_ENTRY
+    assert result["type"] is FlowResultType.ABORT
     assert stored(entry)[CONF_BARGE_IN] == "vad"
     assert stored(entry)[CONF_ECHO_CANCELLATION] is False
+
+
+# ------------------------------------------------------------- reconfigure: a new address
+
+
+async def test_reconfigure_tests_a_new_address_on_the_same_device(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """A new address is probed with the stored key and must reach the same MAC.
+
+    Another device there (another MAC) or a wrong key typed: a form error and
+    nothing stored. The right device: stored, its key kept (never shown).
+    """
+    async with (
+        duplex_device(encrypted=True) as device,
+        duplex_device(encrypted=True, mac_address="AA:BB:CC:DD:EE:43") as other,
+    ):
+        old = {
+            CONF_HOST: "192.0.2.1",
+            CONF_PORT: 6053,
+            CONF_NOISE_PSK: device.noise_psk,
+            CONF_NAME: "Kitchen duplex",
+            CONF_MAC: MAC,
+            CONF_ESPHOME_VERSION: FIRMWARE,
+        }
+        entry = openai_entry(hass, openai_peer, esphome=[old])
+        settings = {CONF_BARGE_IN: "wake_word", CONF_ECHO_CANCELLATION: False}
+        settings[CONF_END_SILENCE] = 8
+
+        async def submit(**user_input: Any) -> dict[str, Any]:
+            form = await reconfigure_satellite(hass, entry, SUBENTRY_ESPHOME)
+            return dict(
+                await hass.config_entries.subentries.async_configure(
+                    form["flow_id"], {**settings, **user_input}
+                )
+            )
+
+        result = await submit(
+            **{
+                CONF_HOST: other.host,
+                CONF_PORT: other.port,
+                CONF_NOISE_PSK: other.noise_psk,
+            }
+        )
+        assert result["errors"] == {"base": "another_device"}
+        result = await submit(
+            **{
+                CONF_HOST: device.host,
+                CONF_PORT: device.port,
+                CONF_NOISE_PSK: WRONG_KEY,
+            }
+        )
+        assert result["errors"] == {"base": "invalid_key"}
+        assert stored(entry) == old
+
+        result = await submit(**{CONF_HOST: device.host, CONF_PORT: device.port})
+        assert result["reason"] == "reconfigure_successful", result
+        assert stored(entry) == {
+            **old,
+            CONF_HOST: device.host,
+            CONF_PORT: device.port,
+            **settings,
+            CONF_TURN_EAGERNESS: "off",
+        }
+        [subentry] = entry.subentries.values()
+        assert subentry.unique_id == KEY
+
+
+async def test_reconfigure_drops_a_key_the_device_no_longer_uses(
+    hass: HomeAssistant, openai_peer: OpenAIPeer
+) -> None:
+    """The stored key is refused as unneeded (the device dropped encryption): it goes.
+
+    Only when the key field was left empty: a typed key is the user's to fix.
+    """
+    async with duplex_device() as device:  # plaintext now
+        old = {
+            CONF_HOST: "192.0.2.1",
+            CONF_PORT: 6053,
+            CONF_NOISE_PSK: WRONG_KEY,
+            CONF_NAME: "Kitchen duplex",
+            CONF_MAC: MAC,
+            CONF_ESPHOME_VERSION: FIRMWARE,
+        }
+        entry = openai_entry(hass, openai_peer, esphome=[old])
+        address = {CONF_HOST: device.host, CONF_PORT: device.port}
+        form = await reconfigure_satellite(hass, entry, SUBENTRY_ESPHOME)
+        assert form["description_placeholders"]["key"] == (
+            "one is stored, an empty field keeps it"
+        )
+        result = await hass.config_entries.subentries.async_configure(
+            form["flow_id"], {**address, CONF_NOISE_PSK: WRONG_KEY}
+        )
+        assert result["errors"] == {"base": "encryption_not_offered"}
+        result = await hass.config_entries.subentries.async_configure(
+            form["flow_id"], address
+        )
+    assert result["reason"] == "reconfigure_successful"
+    assert stored(entry)[CONF_NOISE_PSK] is None
+    assert stored(entry)[CONF_PORT] == device.port

@@ -22,12 +22,12 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.rtvoice.const import (
     CONF_BARGE_IN,
-    CONF_DUPLEX_SATELLITES,
     CONF_ESPHOME_VERSION,
     CONF_MAC,
     CONF_NAME,
     CONF_NOISE_PSK,
     EVENT_CONVERSATION_CLOSED,
+    SUBENTRY_ESPHOME,
 )
 from custom_components.rtvoice.duplex import BargeIn
 from custom_components.rtvoice.kernel import Message
@@ -44,10 +44,12 @@ from homeassistant.helpers import device_registry as dr, entity_registry as er, 
 from homeassistant.helpers.event import async_track_state_change_event
 from tests.components.common import (
     BED,
+    add_esphome_satellite,
     async_load_entry,
     async_setup_demo_entry,
     async_unload_demo_entry,
     openai_entry,
+    stored_satellites,
 )
 from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
 from tests.components.pipeline.helpers import GatedBedLightOn
@@ -85,17 +87,8 @@ def duplex_device(**config: Any) -> EmulatedDevice:
 async def add_duplex(
     hass: HomeAssistant, entry: MockConfigEntry, user_input: dict[str, Any]
 ) -> dict[str, Any]:
-    """Run the options flow's "add a duplex satellite" step; the last result."""
-    menu = await hass.config_entries.options.async_init(entry.entry_id)
-    assert menu["type"] is FlowResultType.MENU
-    assert "add_duplex" in menu["menu_options"]
-    form = await hass.config_entries.options.async_configure(
-        menu["flow_id"], {"next_step_id": "add_duplex"}
-    )
-    assert form["type"] is FlowResultType.FORM and form["step_id"] == "add_duplex"
-    return dict(
-        await hass.config_entries.options.async_configure(form["flow_id"], user_input)
-    )
+    """Press "Add ESPHome satellite" on the entry and connect; the last result."""
+    return await add_esphome_satellite(hass, entry, user_input)
 
 
 def device_input(device: EmulatedDevice, key: str | None = None) -> dict[str, Any]:
@@ -130,12 +123,23 @@ async def wait_for_state(hass: HomeAssistant, entity_id: str, wanted: set[str]) 
 async def test_add_duplex_satellite_is_stored(
     hass: HomeAssistant, openai_peer: OpenAIPeer
 ) -> None:
-    """An encrypted voice satellite passes the test and is stored with its identity."""
+    """An encrypted voice satellite passes the test and is stored with its identity.
+
+    It is a subentry of the entry, titled with the device's name, its MAC the
+    unique id; the entry's own options are untouched.
+    """
     entry = openai_entry(hass, openai_peer)
+    options = dict(entry.options)
     async with duplex_device(encrypted=True) as device:
         result = await add_duplex(hass, entry, device_input(device))
     assert result["type"] is FlowResultType.CREATE_ENTRY, result
-    [stored] = entry.options[CONF_DUPLEX_SATELLITES]
+    [subentry] = entry.subentries.values()
+    assert subentry.subentry_type == SUBENTRY_ESPHOME
+    assert (subentry.title, subentry.unique_id) == (
+        "Kitchen duplex",
+        "aa:bb:cc:dd:ee:42",
+    )
+    [stored] = stored_satellites(entry, SUBENTRY_ESPHOME)
     assert stored == {
         CONF_HOST: device.host,
         CONF_PORT: device.port,
@@ -144,7 +148,7 @@ async def test_add_duplex_satellite_is_stored(
         CONF_MAC: "AA:BB:CC:DD:EE:42",
         CONF_ESPHOME_VERSION: FIRMWARE,
     }
-    assert "prompt" in entry.options  # the settings are kept
+    assert dict(entry.options) == options
 
 
 @pytest.mark.parametrize(
@@ -168,7 +172,7 @@ async def test_add_duplex_key_errors(
         result = await add_duplex(hass, entry, device_input(device, key))
     assert result["type"] is FlowResultType.FORM
     assert result["errors"] == {"base": error}
-    assert CONF_DUPLEX_SATELLITES not in entry.options
+    assert entry.subentries == {}
 
 
 async def test_add_duplex_unreachable(
@@ -280,7 +284,7 @@ async def test_duplex_turn_through_home_assistant(
 async def test_remove_duplex_satellite_keeps_the_others(
     hass: HomeAssistant, openai_peer: OpenAIPeer
 ) -> None:
-    """The remove step lists the stored satellites and drops the chosen one."""
+    """Each satellite is its own subentry: deleting one keeps the other."""
     entry = openai_entry(hass, openai_peer)
     async with (
         duplex_device(encrypted=True) as first,
@@ -289,17 +293,12 @@ async def test_remove_duplex_satellite_keeps_the_others(
         for device in (first, second):
             result = await add_duplex(hass, entry, device_input(device))
             assert result["type"] is FlowResultType.CREATE_ENTRY, result
-    assert len(entry.options[CONF_DUPLEX_SATELLITES]) == 2
-    menu = await hass.config_entries.options.async_init(entry.entry_id)
-    assert "remove_duplex" in menu["menu_options"]
-    form = await hass.config_entries.options.async_configure(
-        menu["flow_id"], {"next_step_id": "remove_duplex"}
-    )
-    result = await hass.config_entries.options.async_configure(
-        form["flow_id"], {CONF_DUPLEX_SATELLITES: ["aa:bb:cc:dd:ee:42"]}
-    )
-    assert result["type"] is FlowResultType.CREATE_ENTRY
-    [kept] = entry.options[CONF_DUPLEX_SATELLITES]
+    assert len(stored_satellites(entry, SUBENTRY_ESPHOME)) == 2
+    [kitchen] = [
+        s for s in entry.subentries.values() if s.unique_id == "aa:bb:cc:dd:ee:42"
+    ]
+    assert hass.config_entries.async_remove_subentry(entry, kitchen.subentry_id)
+    [kept] = stored_satellites(entry, SUBENTRY_ESPHOME)
     assert kept[CONF_MAC] == "AA:BB:CC:DD:EE:43"
     assert "prompt" in entry.options
 
@@ -423,10 +422,10 @@ async def duplex_rig(
     ready: bool = True,
     **device_config: Any,
 ) -> AsyncIterator[DuplexRig]:
-    """Add a duplex satellite through the options flow; wait until it is idle.
+    """Add a duplex satellite through its subentry flow; wait until it is idle.
 
-    ``satellite_options`` are stored in the satellite's dict (per-satellite
-    settings, e.g. ``CONF_BARGE_IN``), as the settings form stores them.
+    ``satellite_options`` are stored in the satellite's subentry (per-satellite
+    settings, e.g. ``CONF_BARGE_IN``), as its reconfigure form stores them.
     ``ready=False``: do not wait for the satellite to connect.
     """
     hass.config.config_dir = str(tmp_path)  # the TTS cache is written there
@@ -451,13 +450,9 @@ async def duplex_rig(
         assert result["type"] is FlowResultType.CREATE_ENTRY, result
         await hass.async_block_till_done()
         if satellite_options:
-            [stored] = entry.options[CONF_DUPLEX_SATELLITES]
-            hass.config_entries.async_update_entry(
-                entry,
-                options={
-                    **entry.options,
-                    CONF_DUPLEX_SATELLITES: [{**stored, **satellite_options}],
-                },
+            [subentry] = entry.subentries.values()
+            hass.config_entries.async_update_subentry(
+                entry, subentry, data={**subentry.data, **satellite_options}
             )
             await hass.async_block_till_done()  # the entry reloads
         satellite = entity_of(hass, entry, "assist_satellite")

@@ -38,7 +38,7 @@ from tests.components.test_duplex_entity import ASK, SAFETY, duplex_rig
 from tests.components.test_wyoming_satellite import (
     ASK_LIGHTS,
     WAKE,
-    options_step,
+    add_wyoming,
     sat_python,  # noqa: F401 - a fixture
     satellite_rig,
     say,
@@ -176,10 +176,9 @@ async def test_wyoming_satellite_switches_a_light_with_assist_tools(
     await async_setup_demo_lights(hass, kitchen_area="Kitchen")
     entry = await async_load_entry(hass, openai_entry(hass, openai_peer))
     async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
-        result = await options_step(
+        result = await add_wyoming(
             hass,
             entry,
-            "add_wyoming",
             {
                 CONF_HOST: satellite.host,
                 CONF_PORT: satellite.port,

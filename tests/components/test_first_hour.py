@@ -127,21 +127,23 @@ def _texts(node: Any, path: str = "") -> list[tuple[str, str]]:
     return [(path, node)] if isinstance(node, str) else []
 
 
+def _form_texts() -> list[tuple[str, str]]:
+    """Return the texts of every flow: config, options, the satellites' subentries."""
+    strings = json.loads(TRANSLATIONS.read_text())
+    return [
+        text
+        for section in ("config", "options", "config_subentries")
+        for text in _texts(strings[section], section)
+    ]
+
+
 def test_form_texts_have_no_inline_code() -> None:
     """The frontend pads inline code: "Barge-in by voice ( vad )"."""
-    strings = json.loads(TRANSLATIONS.read_text())
-    forms = _texts(strings["config"], "config") + _texts(strings["options"], "options")
-    assert [path for path, text in forms if "`" in text] == []
+    assert [path for path, text in _form_texts() if "`" in text] == []
 
 
 def test_step_titles_fit_the_dialog() -> None:
-    """Every config and options step title is short enough not to be cut."""
-    strings = json.loads(TRANSLATIONS.read_text())
-    titles = [
-        (path, text)
-        for path, text in _texts(strings["config"], "config")
-        + _texts(strings["options"], "options")
-        if path.endswith(".title")
-    ]
+    """Every step title (config, options, subentries) is short enough not to be cut."""
+    titles = [(path, text) for path, text in _form_texts() if path.endswith(".title")]
     assert titles
     assert [(p, t) for p, t in titles if len(t) > TITLE_MAX] == []

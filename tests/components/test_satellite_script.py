@@ -4,7 +4,8 @@ The script runs in this process as a developer runs it (its ``main`` with comman
 line arguments), against HA's real HTTP and websocket API served on 127.0.0.1 by the
 harness (``hass_client`` starts the server; the token is the harness's access
 token). Everything it sets up goes through that API: the Wyoming services (config
-flows), the pipeline, the duplex satellite (the Realtime Voice entry's options flow).
+flows), the pipeline, the duplex satellite (the Realtime Voice entry's subentry flow
+"Add ESPHome satellite" and its reconfigure, through the frontend's endpoints).
 The entry's model is the loopback OpenAI peer; the script's own emulated satellite
 and offline speech servers are real peers on 127.0.0.1. Nothing is mocked.
 """
@@ -20,13 +21,13 @@ import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 
-from custom_components.rtvoice.const import CONF_DUPLEX_SATELLITES, CONF_MAC
+from custom_components.rtvoice.const import CONF_MAC, SUBENTRY_ESPHOME
 from homeassistant.components.assist_pipeline.pipeline import async_get_pipelines
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import entity_registry as er
 from homeassistant.setup import async_setup_component
 from scripts import satellite
-from tests.components.common import async_load_entry, openai_entry
+from tests.components.common import async_load_entry, openai_entry, stored_satellites
 from tests.peers.openai_server import OpenAIPeer, Text
 
 pytestmark = pytest.mark.usefixtures("socket_enabled")
@@ -71,7 +72,7 @@ async def test_duplex_mode_talks_over_an_answer(
 ) -> None:
     """Ask, then say "stop" (after the wake word) while the long answer plays.
 
-    The script adds the satellite through the options flow, prints the transcripts,
+    The script adds the satellite through its subentry flow, prints the transcripts,
     the answer audio starting and being cut by the barge-in, and the short second
     answer heard whole; the model saw both utterances; a re-run reuses the entry.
     """
@@ -128,7 +129,7 @@ async def test_duplex_mode_talks_over_an_answer(
     with wave.open(str(wav), "rb") as heard_wav:
         assert heard_wav.getframerate() == 16000 and heard_wav.getnframes() > 0
 
-    [stored] = entry.options[CONF_DUPLEX_SATELLITES]
+    [stored] = stored_satellites(entry, SUBENTRY_ESPHOME)
     assert stored[CONF_MAC] == "02:00:00:5A:7E:01"
     satellites = [
         e.entity_id
@@ -182,7 +183,7 @@ async def test_rerun_with_echo_reuses_the_satellite(
     assert "echo 0.5x after 120 ms" in out
     assert "answer audio stops" not in out
     assert "answer heard whole" in out
-    assert len(entry.options[CONF_DUPLEX_SATELLITES]) == 1
+    assert len(stored_satellites(entry, SUBENTRY_ESPHOME)) == 1
     satellites = [
         e.entity_id
         for e in er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
@@ -200,10 +201,9 @@ async def test_cough_and_the_barge_in_setting(
 ) -> None:
     """``--barge-in vad`` and a cough while the answer plays.
 
-    Where Home Assistant stores and applies the setting, the cough pauses the
-    answer and it resumes; where it offers no such setting, a note says so, the
-    satellite stays in ``wake_word`` mode and the cough changes nothing. Either
-    way the answer is heard whole and the model is asked once.
+    The setting is stored through the satellite's reconfigure form; the cough
+    pauses the answer and it resumes, so the answer is heard whole and the model
+    is asked once.
     """
     _, connect = served
     openai_peer.enqueue(Text(LONG))
@@ -228,14 +228,10 @@ async def test_cough_and_the_barge_in_setting(
         ],
         capsys,
     )
-    if "barge-in mode vad" in out:
-        assert "answer audio stops at" in out
-        assert "ms after your noise began" in out
-        assert "answer audio resumes after" in out
-    else:
-        assert "--barge-in vad is not stored" in out
-        assert "noise never pauses an answer" in out
-        assert "answer audio stops" not in out
+    assert "barge-in mode vad" in out  # stored through the reconfigure form
+    assert "answer audio stops at" in out
+    assert "ms after your noise began" in out
+    assert "answer audio resumes after" in out
     assert "answer heard whole" in out
     assert len(openai_peer.requests) == 1
 
@@ -260,8 +256,7 @@ async def test_a_rerun_reports_the_barge_in_mode_that_is_stored(
     first = await run_script(
         [*common, "--barge-in", "vad", "--say", "turn on the kitchen lights"], capsys
     )
-    if "barge-in mode vad" not in first:
-        pytest.skip("this Home Assistant stores no barge-in mode")
+    assert "barge-in mode vad" in first  # stored through the reconfigure form
     second = await run_script([*common, "--say", "turn on the kitchen lights"], capsys)
     assert "barge-in mode vad" in second
     assert "assumed to be the default" not in second

@@ -26,7 +26,7 @@ from custom_components.rtvoice.kernel import (
     PromptRegistry,
     PromptSection,
 )
-from custom_components.rtvoice.satellites import (
+from custom_components.rtvoice.satellites.directory import (
     NEARBY_LIMIT,
     SatelliteDirectory,
     SatelliteInfo,

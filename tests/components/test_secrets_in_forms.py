@@ -21,7 +21,7 @@ from unittest.mock import AsyncMock
 import pytest
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.rtvoice import config_flow
+from custom_components.rtvoice import brain_check, config_flow
 from custom_components.rtvoice.const import (
     BRAIN_OPENAI,
     CONF_API_KEY,
@@ -55,7 +55,7 @@ def secret_entry(hass: HomeAssistant, **kwargs: Any) -> MockConfigEntry:
             CONF_API_KEY: "sk-stored",
         },
         options=dict(DEFAULT_OPTIONS_OPENAI),
-        unique_id=config_flow.openai_unique_id(SECRET_URL, MODEL),
+        unique_id=brain_check.openai_unique_id(SECRET_URL, MODEL),
         minor_version=2,
         **kwargs,
     )
@@ -190,7 +190,7 @@ async def test_old_entries_are_migrated_to_unique_ids_without_secrets(
     twin.add_to_hass(hass)
     assert await hass.config_entries.async_setup(old.entry_id)  # sets up both
     await hass.async_block_till_done()
-    assert old.minor_version == twin.minor_version == 2
+    assert old.minor_version == twin.minor_version == 3  # 1.3: satellites too
     assert old.unique_id == f"http://127.0.0.1:9/v1|{MODEL}"
     assert twin.unique_id == f"http://127.0.0.1:9/v1|{MODEL}|{twin.entry_id}"
     assert_no_secret((old.unique_id, twin.unique_id))
@@ -236,7 +236,7 @@ async def test_validation_has_one_overall_deadline(
     hass: HomeAssistant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A trickling endpoint ends the form with a translated timeout, not a hang."""
-    monkeypatch.setattr(config_flow, "VALIDATION_TIMEOUT", 1.0)
+    monkeypatch.setattr(brain_check, "VALIDATION_TIMEOUT", 1.0)
     async with trickling_endpoint() as base_url:
         result = await hass.config_entries.flow.async_init(
             DOMAIN, context={"source": SOURCE_USER}

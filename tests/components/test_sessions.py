@@ -38,7 +38,7 @@ from custom_components.rtvoice.errors import (
     UnknownSatelliteError,
 )
 from custom_components.rtvoice.kernel import INTERRUPTED_MARKER, Capability, ChildStats
-from custom_components.rtvoice.satellites import channel_names
+from custom_components.rtvoice.satellites.directory import channel_names
 from homeassistant.components import conversation
 from homeassistant.components.assist_pipeline.pipeline import (
     async_get_pipeline,

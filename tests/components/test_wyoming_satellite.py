@@ -39,9 +39,9 @@ from custom_components.rtvoice.const import (
     CONF_PROMPT,
     CONF_TURN_EAGERNESS,
     CONF_WAKE_WORD,
-    CONF_WYOMING_SATELLITES,
     DEFAULT_OPTIONS_OPENAI,
     DOMAIN,
+    SUBENTRY_WYOMING,
 )
 from custom_components.rtvoice.runtime import RtVoiceConfigEntry
 from custom_components.rtvoice.wyoming_link import WyomingSatelliteLink
@@ -72,6 +72,9 @@ from tests.components.common import (
     async_setup_demo_entry,
     async_unload_demo_entry,
     openai_entry,
+    reconfigure_satellite,
+    start_satellite_flow,
+    stored_satellites,
 )
 from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
 from tests.components.pipeline.helpers import GatedBedLightOn
@@ -168,19 +171,16 @@ async def speech_pipeline(
                     await hass.config_entries.async_unload(unload.entry_id)
 
 
-async def options_step(
-    hass: HomeAssistant, entry: MockConfigEntry, step: str, user_input: dict[str, Any]
+async def add_wyoming(
+    hass: HomeAssistant, entry: MockConfigEntry, user_input: dict[str, Any]
 ) -> dict[str, Any]:
-    """Run one options-menu step with ``user_input``; return the last result."""
-    menu = await hass.config_entries.options.async_init(entry.entry_id)
-    assert menu["type"] is FlowResultType.MENU
-    assert step in menu["menu_options"]
-    form = await hass.config_entries.options.async_configure(
-        menu["flow_id"], {"next_step_id": step}
-    )
-    assert form["type"] is FlowResultType.FORM and form["step_id"] == step
+    """Press "Add Wyoming satellite" on the entry and submit; the last result."""
+    form = await start_satellite_flow(hass, entry, SUBENTRY_WYOMING)
+    assert form["type"] is FlowResultType.FORM and form["step_id"] == "user"
     return dict(
-        await hass.config_entries.options.async_configure(form["flow_id"], user_input)
+        await hass.config_entries.subentries.async_configure(
+            form["flow_id"], user_input
+        )
     )
 
 
@@ -257,10 +257,9 @@ async def test_add_wyoming_satellite_is_stored(
     """A real satellite passes describe → info and is stored with its name."""
     entry = openai_entry(hass, openai_peer)
     async with satellite_rig(sat_python) as satellite:
-        result = await options_step(
+        result = await add_wyoming(
             hass,
             entry,
-            "add_wyoming",
             {
                 CONF_HOST: satellite.host,
                 CONF_PORT: satellite.port,
@@ -268,7 +267,7 @@ async def test_add_wyoming_satellite_is_stored(
             },
         )
     assert result["type"] is FlowResultType.CREATE_ENTRY, result
-    assert entry.options[CONF_WYOMING_SATELLITES] == [
+    assert stored_satellites(entry, SUBENTRY_WYOMING) == [
         {
             CONF_HOST: satellite.host,
             CONF_PORT: satellite.port,
@@ -276,6 +275,11 @@ async def test_add_wyoming_satellite_is_stored(
             CONF_WAKE_WORD: "satellite",
         }
     ]
+    [subentry] = entry.subentries.values()
+    assert (subentry.title, subentry.unique_id) == (
+        SATELLITE_NAME,
+        f"{satellite.host}:{satellite.port}",
+    )
     assert "prompt" in entry.options  # the settings are kept
 
 
@@ -286,38 +290,30 @@ async def test_add_wyoming_errors(
     entry = openai_entry(hass, openai_peer)
     async with satellite_rig(sat_python) as satellite:
         free_port = satellite.port  # the satellite is told its port, not yet bound
-    result = await options_step(
-        hass, entry, "add_wyoming", {CONF_HOST: "127.0.0.1", CONF_PORT: free_port}
+    result = await add_wyoming(
+        hass, entry, {CONF_HOST: "127.0.0.1", CONF_PORT: free_port}
     )
     assert result["errors"] == {"base": "cannot_connect"}
     async with WyomingSttServer(phrases=PHRASES) as stt_server:
-        result = await options_step(
+        result = await add_wyoming(
             hass,
             entry,
-            "add_wyoming",
             {CONF_HOST: stt_server.host, CONF_PORT: stt_server.port},
         )
     assert result["errors"] == {"base": "not_wyoming_satellite"}
-    assert CONF_WYOMING_SATELLITES not in entry.options
+    assert entry.subentries == {}
 
 
 async def test_remove_wyoming_keeps_the_others(
     hass: HomeAssistant, openai_peer: OpenAIPeer
 ) -> None:
-    """The remove step drops the chosen satellite only."""
+    """Deleting one satellite's subentry keeps the other."""
     first = {CONF_HOST: "127.0.0.1", CONF_PORT: 10700, CONF_NAME: "one"}
     second = {CONF_HOST: "127.0.0.2", CONF_PORT: 10700, CONF_NAME: "two"}
-    entry = openai_entry(
-        hass, openai_peer, options={CONF_WYOMING_SATELLITES: [first, second]}
-    )
-    result = await options_step(
-        hass,
-        entry,
-        "remove_wyoming",
-        {CONF_WYOMING_SATELLITES: ["127.0.0.1:10700"]},
-    )
-    assert result["type"] is FlowResultType.CREATE_ENTRY
-    assert entry.options[CONF_WYOMING_SATELLITES] == [second]
+    entry = openai_entry(hass, openai_peer, wyoming=[first, second])
+    [one] = [s for s in entry.subentries.values() if s.unique_id == "127.0.0.1:10700"]
+    assert hass.config_entries.async_remove_subentry(entry, one.subentry_id)
+    assert stored_satellites(entry, SUBENTRY_WYOMING) == [second]
 
 
 async def test_settings_keep_the_wyoming_satellites(
@@ -325,17 +321,14 @@ async def test_settings_keep_the_wyoming_satellites(
 ) -> None:
     """Saving the conversation settings does not drop the stored satellites."""
     stored = {CONF_HOST: "127.0.0.1", CONF_PORT: 10700, CONF_NAME: "one"}
-    entry = openai_entry(hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]})
-    menu = await hass.config_entries.options.async_init(entry.entry_id)
-    form = await hass.config_entries.options.async_configure(
-        menu["flow_id"], {"next_step_id": "settings"}
-    )
+    entry = openai_entry(hass, openai_peer, wyoming=[stored])
+    form = await hass.config_entries.options.async_init(entry.entry_id)
     result = await hass.config_entries.options.async_configure(
         form["flow_id"],
         {k: v for k, v in DEFAULT_OPTIONS_OPENAI.items() if k != CONF_PROMPT},
     )
     assert result["type"] is FlowResultType.CREATE_ENTRY
-    assert entry.options[CONF_WYOMING_SATELLITES] == [stored]
+    assert stored_satellites(entry, SUBENTRY_WYOMING) == [stored]
 
 
 # --- discovery ------------------------------------------------------------------------
@@ -362,7 +355,7 @@ async def test_discovered_satellite_is_added_and_the_entry_reloads(
         assert result["reason"] == "wyoming_added"
         await hass.async_block_till_done()  # the entry reloads with the satellite
         assert entry.state is ConfigEntryState.LOADED
-        [stored] = entry.options[CONF_WYOMING_SATELLITES]
+        [stored] = stored_satellites(entry, SUBENTRY_WYOMING)
         assert (stored[CONF_HOST], stored[CONF_PORT]) == (
             satellite.host,
             satellite.port,
@@ -430,10 +423,9 @@ async def test_wake_utterance_answer_through_home_assistant(
     hass.config.config_dir = str(tmp_path)  # the TTS cache is written there
     entry = await async_load_entry(hass, openai_entry(hass, openai_peer))
     async with speech_pipeline(hass), satellite_rig(sat_python) as satellite:
-        result = await options_step(
+        result = await add_wyoming(
             hass,
             entry,
-            "add_wyoming",
             {
                 CONF_HOST: satellite.host,
                 CONF_PORT: satellite.port,
@@ -488,11 +480,7 @@ async def test_utterance_during_the_answer_is_answered_in_the_same_child(
         entry = openai_entry(
             hass,
             openai_peer,
-            options={
-                CONF_WYOMING_SATELLITES: [
-                    stored_satellite(satellite, **{CONF_BARGE_IN: "vad"})
-                ]
-            },
+            wyoming=[stored_satellite(satellite, **{CONF_BARGE_IN: "vad"})],
         )
         await async_load_entry(hass, entry)
         link = the_link(entry)
@@ -552,13 +540,11 @@ async def test_wake_word_interrupts_with_barge_in_off(
         entry = openai_entry(
             hass,
             openai_peer,
-            options={
-                CONF_WYOMING_SATELLITES: [
-                    stored_satellite(
-                        satellite, **{CONF_BARGE_IN: "off", CONF_END_SILENCE: 20}
-                    )
-                ]
-            },
+            wyoming=[
+                stored_satellite(
+                    satellite, **{CONF_BARGE_IN: "off", CONF_END_SILENCE: 20}
+                )
+            ],
         )
         await async_load_entry(hass, entry)
         link = the_link(entry)
@@ -592,7 +578,7 @@ async def test_unload_mid_answer_leaves_no_task(
         entry = openai_entry(
             hass,
             openai_peer,
-            options={CONF_WYOMING_SATELLITES: [stored_satellite(satellite)]},
+            wyoming=[stored_satellite(satellite)],
         )
         await async_load_entry(hass, entry)
         link = the_link(entry)
@@ -630,7 +616,7 @@ async def test_repair_while_the_wyoming_integration_holds_it(
         domain="wyoming", data={CONF_HOST: "127.0.0.1", CONF_PORT: 10300}
     )
     unrelated.add_to_hass(hass)
-    entry = openai_entry(hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]})
+    entry = openai_entry(hass, openai_peer, wyoming=[stored])
     await async_load_entry(hass, entry)
     issues = ir.async_get(hass)
     issue_id = f"wyoming_conflict_{entry.entry_id}_127.0.0.1:10799"
@@ -656,43 +642,41 @@ async def test_repair_while_the_wyoming_integration_holds_it(
 async def test_wyoming_settings_are_stored(
     hass: HomeAssistant, openai_peer: OpenAIPeer
 ) -> None:
-    """The per-satellite settings form (shared with ESPHome) adds the wake word."""
+    """Reconfigure: the settings form (shared with ESPHome) with address and wake word.
+
+    The address is unchanged, so nothing is probed.
+    """
     first = {CONF_HOST: "127.0.0.1", CONF_PORT: 10700, CONF_NAME: "one"}
     second = {CONF_HOST: "127.0.0.2", CONF_PORT: 10700, CONF_NAME: "two"}
-    entry = openai_entry(
-        hass, openai_peer, options={CONF_WYOMING_SATELLITES: [first, second]}
-    )
-    menu = await hass.config_entries.options.async_init(entry.entry_id)
-    assert "configure_wyoming" in menu["menu_options"]
-    pick = await hass.config_entries.options.async_configure(
-        menu["flow_id"], {"next_step_id": "configure_wyoming"}
-    )
-    assert pick["step_id"] == "configure_wyoming"
-    form = await hass.config_entries.options.async_configure(
-        pick["flow_id"], {"satellite": "127.0.0.2:10700"}
-    )
+    entry = openai_entry(hass, openai_peer, wyoming=[first, second])
+    form = await reconfigure_satellite(hass, entry, SUBENTRY_WYOMING, 1)
     assert form["type"] is FlowResultType.FORM
-    assert form["step_id"] == "wyoming_settings"
-    assert form["description_placeholders"]["name"] == "two (127.0.0.2)"
+    assert form["step_id"] == "reconfigure"
+    assert form["description_placeholders"]["name"] == "two"
     fields = {str(key): key for key in form["data_schema"].schema}
     assert set(fields) == {
+        CONF_HOST,
+        CONF_PORT,
         CONF_BARGE_IN,
         CONF_ECHO_CANCELLATION,
         CONF_END_SILENCE,
         CONF_TURN_EAGERNESS,
         CONF_WAKE_WORD,
     }
-    result = await hass.config_entries.options.async_configure(
+    result = await hass.config_entries.subentries.async_configure(
         form["flow_id"],
         {
+            CONF_HOST: "127.0.0.2",
+            CONF_PORT: 10700,
             CONF_BARGE_IN: "vad",
             CONF_ECHO_CANCELLATION: False,
             CONF_END_SILENCE: 12,
             CONF_WAKE_WORD: "alexa",
         },
     )
-    assert result["type"] is FlowResultType.CREATE_ENTRY
-    assert entry.options[CONF_WYOMING_SATELLITES] == [
+    assert result["type"] is FlowResultType.ABORT
+    assert result["reason"] == "reconfigure_successful"
+    assert stored_satellites(entry, SUBENTRY_WYOMING) == [
         first,
         {
             **second,
@@ -720,7 +704,7 @@ async def test_wake_word_configuration_of_the_entity(
         CONF_NAME: "hall",
         CONF_WAKE_WORD: "hey_jarvis",
     }
-    entry = openai_entry(hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]})
+    entry = openai_entry(hass, openai_peer, wyoming=[stored])
     await async_load_entry(hass, entry)
     entity_id = entity_of(hass, entry, "assist_satellite")
     select = entity_of(hass, entry, "select")
@@ -749,7 +733,7 @@ async def test_wake_word_configuration_of_the_entity(
     )
     assert (await client.receive_json())["success"]
     await hass.async_block_till_done()  # the entry reloads with it
-    assert entry.options[CONF_WYOMING_SATELLITES] == [
+    assert stored_satellites(entry, SUBENTRY_WYOMING) == [
         {**stored, CONF_WAKE_WORD: "satellite"}
     ]
     assert entry.state is ConfigEntryState.LOADED
@@ -787,9 +771,7 @@ async def test_pipeline_select_chooses_the_speech_engines(
             "Second",
         )
         assert second is not None
-        entry = openai_entry(
-            hass, openai_peer, options={CONF_WYOMING_SATELLITES: [stored]}
-        )
+        entry = openai_entry(hass, openai_peer, wyoming=[stored])
         await async_load_entry(hass, entry)
         select = entity_of(hass, entry, "select")
         assert hass.states.get(select).state == "preferred"  # type: ignore[union-attr]
@@ -841,13 +823,11 @@ async def test_device_action_during_barge_in_completes(
         entry = openai_entry(
             hass,
             openai_peer,
-            options={
-                CONF_WYOMING_SATELLITES: [
-                    stored_satellite(
-                        satellite, **{CONF_BARGE_IN: "vad", CONF_END_SILENCE: 20}
-                    )
-                ]
-            },
+            wyoming=[
+                stored_satellite(
+                    satellite, **{CONF_BARGE_IN: "vad", CONF_END_SILENCE: 20}
+                )
+            ],
         )
         await async_load_entry(hass, entry)
         link = the_link(entry)
@@ -900,11 +880,7 @@ async def test_satellite_restarted_mid_conversation_continues_it(
         entry = openai_entry(
             hass,
             openai_peer,
-            options={
-                CONF_WYOMING_SATELLITES: [
-                    stored_satellite(satellite, **{CONF_END_SILENCE: 20})
-                ]
-            },
+            wyoming=[stored_satellite(satellite, **{CONF_END_SILENCE: 20})],
         )
         await async_load_entry(hass, entry)
         entity_id = entity_of(hass, entry, "assist_satellite")

@@ -63,7 +63,7 @@ from ..kernel import (
     KernelError,
     Ticket,
 )
-from ..satellites import SATELLITE_CHANNEL, channel_names
+from ..satellites.directory import SATELLITE_CHANNEL, channel_names
 from ..speech import complete_sentences_end
 from .routing import SessionIndex
 from .session import Session, SessionInput, Turn

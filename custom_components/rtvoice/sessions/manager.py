@@ -61,7 +61,7 @@ from ..kernel import (
     Ticket,
     ToolCall,
 )
-from ..satellites import SatelliteDirectory
+from ..satellites.directory import SatelliteDirectory
 from ..turn import TurnContext
 from .lifecycle import ConversationSettings, SessionLifecycle
 from .routing import KeyLocks, SessionIndex, lock_key, route_key

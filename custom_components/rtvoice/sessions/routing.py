@@ -40,7 +40,7 @@ from homeassistant.util.ulid import ulid_now
 
 from .. import compat
 from ..kernel import Kernel
-from ..satellites import SatelliteDirectory
+from ..satellites.directory import SatelliteDirectory
 from .session import DuplexConversationEntry, Session
 
 _LOGGER = logging.getLogger(__name__)

@@ -62,9 +62,9 @@ from homeassistant.helpers.event import (
     async_track_state_removed_domain,
 )
 
-from .compat import ASSISTANT
-from .const import DOMAIN
-from .kernel import ChannelDef, PromptRegistry, PromptSection
+from ..compat import ASSISTANT
+from ..const import DOMAIN
+from ..kernel import ChannelDef, PromptRegistry, PromptSection
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""ESPHome satellites in duplex mode: how the user adds and changes one."""

@@ -1,0 +1,1 @@
+"""Wyoming satellites: how the user adds and changes one."""
