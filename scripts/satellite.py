@@ -310,8 +310,8 @@ async def ensure_reachable_url(hass: Hass) -> str | None:
     await hass.ws("config/core/update", internal_url=hass.url)
     return (
         f"HA's internal URL {internal} is not reachable (HA listens on 127.0.0.1):"
-        f" set it to {hass.url} (Settings > System > Network) so the satellite can"
-        " fetch answers"
+        f" changed it to {hass.url} so the satellite can fetch answers"
+        " (Settings > System > Network shows it)"
     )
 
 

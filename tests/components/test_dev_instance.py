@@ -5,19 +5,23 @@ made in the UI from the files a stock installation has, and the dev helper gives
 preferred Assist pipeline speech engines that work offline. Issue 17 item 6: offline
 it does not look broken (no traceback per dashboard load from the demo players'
 internet pictures, no failing onboarding entries, the helper not offered in *Add
-integration*).
+integration*). Walking README's first use: adding the first ESPHome device does not
+make Home Assistant pip-install anything (it did for dhcp, and that broke DNS).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 import shutil
 import subprocess
+import sys
 from types import ModuleType
 from unittest.mock import patch
 
 import aiohttp
+from packaging.requirements import Requirement
 from pytest_homeassistant_custom_component.common import (
     MockConfigEntry,
     MockModule,
@@ -26,6 +30,7 @@ from pytest_homeassistant_custom_component.common import (
 from pytest_homeassistant_custom_component.test_util.aiohttp import AiohttpClientMocker
 
 from homeassistant import config as conf_util, loader
+import homeassistant.components
 from homeassistant.components.assist_pipeline.pipeline import (
     async_get_pipeline,
     async_update_pipeline,
@@ -44,6 +49,9 @@ from homeassistant.setup import async_setup_component
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "config"
 DEVELOP = ROOT / "scripts" / "develop"
+SETUP = ROOT / "scripts" / "setup"
+REQUIREMENTS_TEST = ROOT / "requirements_test.txt"
+COMPONENTS = Path(homeassistant.components.__path__[0])
 
 # docs/actions.md's first example, as the automation editor stores it.
 UI_AUTOMATION = """
@@ -216,3 +224,45 @@ async def test_a_demo_picture_that_cannot_be_fetched_is_just_missing(
     assert player is not None and player.media_image_url == url
     load_dev_helper().quiet_demo_pictures(hass)
     assert await player.async_get_media_image() == (None, None)
+
+
+def ha_requirements(*domains: str) -> set[str]:
+    """Run the Python of scripts/setup's ``ha_requirements`` for ``domains``."""
+    function = SETUP.read_text().split("ha_requirements() {", 1)[1]
+    code = function.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    listed = subprocess.run(
+        [sys.executable, "-", *domains],
+        input=code,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout
+    return set(listed.split())
+
+
+def test_develop_preinstalls_what_adding_an_esphome_device_sets_up() -> None:
+    """The requirements of dhcp and mqtt come with esphome's.
+
+    Adding an ESPHome device (scripts/satellite, a first satellite) sets up dhcp and
+    mqtt, whose matchers esphome's manifest has. Home Assistant then pip-installed
+    their requirements (offline that fails), and aiodiscover pulled pycares 5, on
+    which HA's aiodns breaks every DNS lookup: a traceback per demo picture on every
+    dashboard load.
+    """
+    listed = ha_requirements("esphome", "wyoming")
+    for domain in ("dhcp", "mqtt", "zeroconf"):
+        manifest = json.loads((COMPONENTS / domain / "manifest.json").read_text())
+        assert set(manifest["requirements"]) <= listed, domain
+
+
+def test_integration_requirements_keep_the_test_environments_pins() -> None:
+    """requirements_test.txt constrains what scripts/setup installs for integrations."""
+    function = SETUP.read_text().split("install_ha_requirements() {", 1)[1]
+    assert '-c "$RTVOICE_REQUIREMENTS"' in function.split("\n}\n", 1)[0]
+    pins = {}
+    for line in REQUIREMENTS_TEST.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)  # a constraints file: names and versions
+            assert not requirement.extras and not requirement.url, line
+            pins[requirement.name] = requirement.specifier
+    assert not pins["pycares"].contains("5.0.0")

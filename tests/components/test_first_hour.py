@@ -10,13 +10,17 @@ Item → test:
   ``test_form_texts_have_no_inline_code``, ``test_step_titles_fit_the_dialog``;
 - 9 (the preamble before a tool) → tests/duplex/test_tool_preamble.py,
   tests/components/test_tool_preamble.py, tests/kernel/test_round_hooks.py;
-- 6 (the development instance offline) → tests/components/test_dev_instance.py.
+- 6 (the development instance offline) → tests/components/test_dev_instance.py;
+- the walk of README's first use in a browser (satellites as subentries): texts send
+  the user to a satellite's row, not to the options or a "Reconfigure" it lacks →
+  ``test_texts_send_satellite_changes_to_its_row``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+import re
 from typing import Any
 
 from custom_components.rtvoice.const import (
@@ -46,6 +50,14 @@ AGENT = "conversation.realtime_voice"
 # The longest step title the frontend's dialog shows uncut at its usual width
 # ("Take over an ESPHome satellite (duplex, pre…" was cut at 44).
 TITLE_MAX = 40
+# Where texts used to send the user for a satellite: the options menu (gone since
+# satellites are subentries) and "Reconfigure", which a satellite's row does not
+# show (Home Assistant 2025.4: a "Configure" button, newer: a cog; ⋮ → Delete).
+STALE_SATELLITE_WAYS = re.compile(
+    r"Realtime Voice's options|its options|Remove a (duplex |Wyoming )?satellite"
+    r"|with Reconfigure|add, reconfigure and delete",
+    re.IGNORECASE,
+)
 
 
 async def add_entry(home: Home, *, create_assistant: bool | None) -> Any:
@@ -147,3 +159,14 @@ def test_step_titles_fit_the_dialog() -> None:
     titles = [(path, text) for path, text in _form_texts() if path.endswith(".title")]
     assert titles
     assert [(p, t) for p, t in titles if len(t) > TITLE_MAX] == []
+
+
+def test_texts_send_satellite_changes_to_its_row() -> None:
+    """Forms, aborts and repairs name what the entry's page shows for a satellite.
+
+    Found walking README's first use in a browser: the ESPHome and Wyoming repairs
+    said to remove a satellite "from Realtime Voice's options", which no longer
+    list satellites, and the "already owned" aborts said "Reconfigure".
+    """
+    texts = _texts(json.loads(TRANSLATIONS.read_text()))
+    assert [(p, t) for p, t in texts if STALE_SATELLITE_WAYS.search(t)] == []

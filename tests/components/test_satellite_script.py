@@ -284,3 +284,36 @@ def test_pipeline_mode_takes_sleep_and_quit_and_refuses_other_commands(
     assert "unknown command /cough in pipeline mode" in out
     args = satellite.parse_args(["--say", "/sleep 1", "--say", "hello"])
     assert not Path(args.wav).is_relative_to(Path.cwd())  # not in the repository
+
+
+def test_the_internal_url_note_says_what_the_script_changed() -> None:
+    """The note says the script set HA's internal URL, not that the user must.
+
+    It read as a task left to the user ("set it to …") although the script had
+    already set it and answers played (issue 17 item 7, seen again walking
+    README's first use).
+    """
+
+    class FakeHass:
+        url = "http://127.0.0.1:8123"
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, dict[str, object]]] = []
+
+        async def ws(self, kind: str, **data: object) -> object:
+            self.calls.append((kind, data))
+            return {"internal": f"http://127.0.0.1:{closed_port}"}
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    hass = FakeHass()
+    loop = asyncio.new_event_loop()
+    try:
+        note = loop.run_until_complete(satellite.ensure_reachable_url(hass))  # type: ignore[arg-type]
+    finally:
+        loop.close()
+    assert ("config/core/update", {"internal_url": hass.url}) in hass.calls
+    assert note is not None
+    assert f"changed it to {hass.url}" in note
+    assert "set it to" not in note
