@@ -243,6 +243,118 @@ async def test_a_failed_speculation_commits_nothing() -> None:
         assert not rig.kernel.confirm("c", held.seq)
 
 
+async def test_a_heard_speculation_stands_when_the_user_goes_on() -> None:
+    """Its answer was heard: the input is committed, a cut is an interruption."""
+    provider = ScriptedProvider(
+        [Text("Okay, the lights.")], default=[Text("The hall lights are off.")]
+    )
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        held = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Okay, the lights.")  # waits for its confirmation
+        rig.kernel.acknowledge("c", held.seq, 5)  # the output played "Okay,"
+        assert users(rig) == ["turn off the lights"]  # heard: it stands
+        full = rig.kernel.push("c", "turn off the lights in the hall")
+        cut = await outcome(held)
+        assert (cut.status, cut.text) == ("interrupted", "Okay,")
+        assert (await outcome(full)).status == "completed"
+        transcript = rig.kernel.transcript("c") or []
+        assert [(m.role, m.content, m.interrupted) for m in transcript] == [
+            ("user", "turn off the lights", False),
+            ("assistant", "Okay,", True),
+            ("user", "turn off the lights in the hall", False),
+            ("assistant", "The hall lights are off.", False),
+        ]
+        stats = rig.kernel.stats("c")
+        assert stats is not None
+        assert (stats.preempted_rounds, stats.interrupted_rounds) == (0, 1)
+
+
+async def test_nothing_heard_leaves_a_speculation_revocable() -> None:
+    """An acknowledgement of nothing (played 0 characters) changes nothing."""
+    provider = ScriptedProvider([Text("Okay.")], default=[Text("Both.")])
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        held = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Okay.")
+        rig.kernel.acknowledge("c", held.seq, 0, final=True)  # cut before a word
+        rig.kernel.push("c", "turn off the lights and the fan")
+        assert (await outcome(held)).status == "superseded"
+        assert "turn off the lights" not in users(rig)
+        assert rig.kernel.stats("c").preempted_rounds == 1  # type: ignore[union-attr]
+
+
+async def test_a_heard_speculation_still_waits_to_call_its_tool() -> None:
+    """The preamble was heard; the device is touched only once confirmed."""
+    tools = ScriptedToolRunner({"light": ToolBehaviour(result="off")})
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "light"), content="Turning them off. ")],
+        default=[Text("Done.")],
+    )
+    async with Rig(provider, tools) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        ticket = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Turning them off. ")
+        rig.kernel.acknowledge("c", ticket.seq, len("Turning them off."))
+        await yield_many(50)
+        assert tools.calls == []
+        assert users(rig) == ["turn off the lights"]
+        assert rig.kernel.confirm("c", ticket.seq)
+        assert (await outcome(ticket)).status == "completed"
+        assert [c.name for c in tools.calls] == ["light"]
+        transcript = rig.kernel.transcript("c") or []
+        assert [m.role for m in transcript] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        assert users(rig) == ["turn off the lights"]  # committed once
+
+
+async def test_a_heard_speculation_waiting_for_its_tool_is_cut_without_it() -> None:
+    """The user goes on over the preamble: the held tool call never runs."""
+    tools = ScriptedToolRunner({"light": ToolBehaviour(result="off")})
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "light"), content="Turning them off. ")],
+        default=[Text("The hall is dark.")],
+    )
+    async with Rig(provider, tools) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        held = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Turning them off. ")
+        rig.kernel.acknowledge("c", held.seq, 7, final=True)  # "Turning", then cut
+        full = rig.kernel.push("c", "turn off the lights in the hall")
+        assert (await outcome(held)).status == "interrupted"
+        assert (await outcome(full)).status == "completed"
+        assert tools.calls == []
+        transcript = rig.kernel.transcript("c") or []
+        assert drop_unpaired_tool_calls(transcript) is transcript
+        assert [(m.role, m.content) for m in transcript] == [
+            ("user", "turn off the lights"),
+            ("assistant", "Turning"),
+            ("user", "turn off the lights in the hall"),
+            ("assistant", "The hall is dark."),
+        ]
+
+
+async def test_the_text_pauses_while_it_waits_for_its_confirmation() -> None:
+    """on_text_pause: an output holding back its last sentence may speak it now."""
+    paused: list[int] = []
+    provider = ScriptedProvider(default=[Text("Okay, done")])
+    async with Rig(provider, on_text_pause=lambda _c, seq: paused.append(seq)) as rig:
+        out = await rig.spawn("c")
+        ticket = rig.kernel.push("c", "do it", speculative=True)
+        await out.wait_text("Okay, done")
+        await yield_many(10)
+        assert paused == [ticket.seq]
+        assert rig.kernel.confirm("c", ticket.seq)
+        await outcome(ticket)
+        ordinary = rig.kernel.push("c", "again")
+        await outcome(ordinary)
+        assert paused == [ticket.seq]  # a text-only ordinary round does not pause
+
+
 # ------------------------------------------------------------ property: interleavings
 
 Action = (
@@ -252,6 +364,7 @@ Action = (
     | tuple[Literal["interrupt"], int]
     | tuple[Literal["release"], int]
     | tuple[Literal["stop"], int]
+    | tuple[Literal["hear"], int]
 )
 actions = st.one_of(
     st.tuples(st.just("speculate"), st.integers(0, 6)),
@@ -260,6 +373,10 @@ actions = st.one_of(
     st.tuples(st.just("interrupt"), st.integers(0, 6)),
     st.tuples(st.just("release"), st.integers(0, 6)),
     st.tuples(st.just("stop"), st.integers(0, 6)),
+    st.tuples(st.just("hear"), st.integers(0, 6)),
+    # A speculation heard before anything else happens to it, more often.
+    st.tuples(st.just("speculate"), st.just(6)),
+    st.tuples(st.just("hear"), st.integers(0, 6)),
 )
 
 
@@ -271,6 +388,7 @@ class Pushed:
     ticket: Ticket
     speculative: bool
     confirmed: bool = False
+    heard: bool = False  # its answer was acknowledged while it was speculative
 
 
 @dataclass
@@ -296,7 +414,7 @@ class World:
 
 
 @settings(
-    max_examples=150,
+    max_examples=200,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -305,12 +423,17 @@ class World:
 async def test_interleavings_of_speculation_keep_the_invariants(
     plan: list[Action], tool_every: int
 ) -> None:
-    """Speculate, confirm, supersede, barge-in (interrupt) and stop in any order.
+    """Speculate, confirm, hear, supersede, barge-in (interrupt), stop in any order.
+
+    "hear": the output side acknowledges what the running round emitted (a
+    revocable early end plays its answer before the confirmation).
 
     Invariants: every ticket settles; the history is paired and holds exactly the
-    inputs that were ordinary or confirmed and reached the model; no tool ran for
-    a round that was speculative when its tool call came; every speculative input
-    never confirmed ends superseded (or stopped), and is counted as preempted.
+    inputs that were ordinary, confirmed or heard and reached the model, each
+    once; no tool ran for a round that was not confirmed when its tool call came;
+    every speculative input neither confirmed nor heard ends superseded (or
+    stopped) and is counted as preempted; a heard one never completes unconfirmed
+    and is never counted as preempted.
     """
     world = World(tool_every=tool_every)
     tools_ran: list[str] = []
@@ -320,7 +443,11 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     class Runner(ScriptedToolRunner):
         async def call(self, tool_call):
             rnd = rig_box[0].kernel._children["c"].round  # noqa: SLF001
-            held_at_tool.append(rnd is not None and rnd.speculative)
+            held_at_tool.append(
+                rnd is None
+                or rnd.speculative
+                or (rnd.confirmed is not None and not rnd.confirmed.is_set())
+            )
             tools_ran.append(tool_call.id)
             return await super().call(tool_call)
 
@@ -329,7 +456,7 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     pushed: list[Pushed] = []
     async with Rig(provider, tools) as rig:
         rig_box.append(rig)
-        await rig.spawn("c")
+        await rig.spawn("c", delivery="acknowledged")
         child = rig.kernel._children["c"]  # noqa: SLF001 - its counters after a close
         stopped = False
         for index, (kind, value) in enumerate(plan):
@@ -345,6 +472,16 @@ async def test_interleavings_of_speculation_keep_the_invariants(
                     target.confirmed = True
             elif kind == "interrupt":
                 rig.kernel.interrupt("c")
+            elif kind == "hear":
+                for _ in range(20):  # let the running round say something first
+                    rnd = child.round
+                    if rnd is not None and rnd.emitted_len:
+                        break
+                    await asyncio.sleep(0)
+                if rnd is not None and not rnd.finished and rnd.emitted_len:
+                    if rnd.speculative:
+                        next(p for p in pushed if p.ticket.seq == rnd.seq).heard = True
+                    rig.kernel.acknowledge("c", rnd.seq, rnd.emitted_len)
             elif kind == "release":
                 world.gate.set()
                 world.gate = asyncio.Event()
@@ -372,14 +509,19 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     assert not any(held_at_tool)
     assert drop_unpaired_tool_calls(history) is history
     committed = [m.content for m in history if m.role == "user"]
-    allowed = {p.text for p in pushed if not p.speculative or p.confirmed}
+    allowed = {p.text for p in pushed if not p.speculative or p.confirmed or p.heard}
     assert set(committed) <= allowed
+    assert len(committed) == len(set(committed))  # each input once
     order = [p.text for p in pushed]
     assert committed == sorted(committed, key=order.index)
     preempted = 0
     for item in pushed:
         result = item.ticket.outcome.result()
-        if item.speculative and not item.confirmed:
+        if item.heard:
+            assert item.text in committed  # the user heard an answer to it
+            if not item.confirmed:
+                assert result.status == "interrupted"
+        elif item.speculative and not item.confirmed:
             assert item.text not in committed
             assert result.status in ("superseded", "interrupted")
             if result.status == "interrupted":

@@ -464,8 +464,21 @@ class Child:
             return
         rnd.delivered = max(rnd.delivered, min(chars, rnd.emitted_len))
         rnd.delivery_final = final
+        if rnd.speculative and rnd.delivered > 0 and not rnd.finished:
+            self.hear(rnd)
         if rnd.status is not None:
             self.amend_round(rnd)
+
+    def hear(self, rnd: Round) -> None:
+        """Let a speculative input stand: the user heard some of its answer.
+
+        It can no longer be taken back as if never said: the input is committed now
+        and a cut commits what was heard (an ordinary interruption, not preempted).
+        Its tool calls still wait for ``Kernel.confirm``.
+        """
+        rnd.speculative = False
+        if rnd.model_called:  # always, once something was delivered
+            self.commit_input(rnd)
 
     def amend_round(self, rnd: Round) -> None:
         """Make an ended round's last text say what the user heard."""
