@@ -1,8 +1,10 @@
 """Speculative inputs (issue 18 §2): answered early, held until confirmed.
 
 ``push(speculative=True)`` runs the round (its deltas reach the output handler) but
-commits nothing and calls no tool until ``confirm``; cut before that it is
-preempted: no history, no carry-over, its requests and tokens counted.
+commits nothing and calls no tool until ``confirm``; replaced before that (a newer
+push, ``withdraw``) it is preempted: no history, no carry-over, its requests and
+tokens counted. Cut by ``interrupt`` or a stop, or heard (acknowledged), its words
+stand; its tool calls still wait for ``confirm``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Literal
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from custom_components.rtvoice.kernel import Ticket, drop_unpaired_tool_calls
+from custom_components.rtvoice.kernel import Message, Ticket, drop_unpaired_tool_calls
 from tests.kernel.fakes import (
     Mark,
     Rig,
@@ -189,19 +191,26 @@ async def test_a_held_tool_call_is_never_run_when_superseded() -> None:
         assert rig.kernel.stats("c").suppressed_cancels == 0  # type: ignore[union-attr]
 
 
-async def test_a_barge_in_during_speculation_preempts_it() -> None:
-    """A barge in during speculation preempts it."""
+async def test_a_barge_in_during_speculation_keeps_the_words() -> None:
+    """A barge-in (interrupt) is no sign the words were unfinished: they stand."""
     gate = asyncio.Event()
-    provider = ScriptedProvider(default=[Text("Sure"), WaitFor(gate)])
-    async with Rig(provider) as rig:
-        out = await rig.spawn("c")
+    tools = ScriptedToolRunner({"music": ToolBehaviour(result="on")})
+    provider = ScriptedProvider(
+        default=[Text("Sure. "), WaitFor(gate), Tools.of(call("t1", "music"))]
+    )
+    async with Rig(provider, tools) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
         held = rig.kernel.push("c", "play", speculative=True)
-        await out.wait_text("Sure")
+        await out.wait_text("Sure. ")
         assert rig.kernel.interrupt("c")  # e.g. the wake word, or the session ending
-        assert (await outcome(held)).status == "superseded"
-        assert rig.kernel.transcript("c") == []
-        assert not rig.kernel.confirm("c", held.seq)  # too late: push the words again
-        assert rig.kernel.stats("c").preempted_rounds == 1  # type: ignore[union-attr]
+        gate.set()
+        assert (await outcome(held)).status == "interrupted"
+        assert rig.kernel.transcript("c") == [Message("user", "play")]
+        assert tools.calls == []  # never confirmed: its tool call never ran
+        assert not rig.kernel.confirm("c", held.seq)  # too late
+        stats = rig.kernel.stats("c")
+        assert stats is not None
+        assert (stats.preempted_rounds, stats.interrupted_rounds) == (0, 1)
 
 
 async def test_withdrawn_speculation_is_preempted() -> None:
@@ -217,18 +226,18 @@ async def test_withdrawn_speculation_is_preempted() -> None:
         assert rig.kernel.transcript("c") == []
 
 
-async def test_a_stop_during_speculation_settles_it_stopped() -> None:
-    """A stop during speculation settles it stopped."""
+async def test_a_stop_during_speculation_keeps_the_words_for_the_hand_off() -> None:
+    """A stop (the conversation closes) settles it stopped; the words stand."""
     gate = asyncio.Event()
     provider = ScriptedProvider(default=[Text("Sure"), WaitFor(gate)])
     async with Rig(provider) as rig:
-        out = await rig.spawn("c")
+        out = await rig.spawn("c", delivery="acknowledged")
         held = rig.kernel.push("c", "play", speculative=True)
         await out.wait_text("Sure")
-        await rig.kernel.stop("c")
+        await rig.kernel.close("c")
         result = await outcome(held)
         assert (result.status, result.error) == ("interrupted", "stopped")
-        assert not rig.kernel.transcript("c")  # nothing kept (a stopped child: None)
+        assert rig.kernel.transcript("c") == [Message("user", "play")]
 
 
 async def test_a_failed_speculation_commits_nothing() -> None:
@@ -428,12 +437,12 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     "hear": the output side acknowledges what the running round emitted (a
     revocable early end plays its answer before the confirmation).
 
-    Invariants: every ticket settles; the history is paired and holds exactly the
-    inputs that were ordinary, confirmed or heard and reached the model, each
-    once; no tool ran for a round that was not confirmed when its tool call came;
-    every speculative input neither confirmed nor heard ends superseded (or
-    stopped) and is counted as preempted; a heard one never completes unconfirmed
-    and is never counted as preempted.
+    Invariants: every ticket settles; the history is paired, in push order, each
+    input at most once; no tool ran for a round that was not confirmed when its
+    tool call came; a speculative input neither confirmed nor heard either ends
+    superseded (replaced: not in the history, counted as preempted) or is cut
+    (interrupt, stop: interrupted, its words may stand); a heard one is in the
+    history, never completes unconfirmed and is never counted as preempted.
     """
     world = World(tool_every=tool_every)
     tools_ran: list[str] = []
@@ -509,8 +518,7 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     assert not any(held_at_tool)
     assert drop_unpaired_tool_calls(history) is history
     committed = [m.content for m in history if m.role == "user"]
-    allowed = {p.text for p in pushed if not p.speculative or p.confirmed or p.heard}
-    assert set(committed) <= allowed
+    assert set(committed) <= {p.text for p in pushed}
     assert len(committed) == len(set(committed))  # each input once
     order = [p.text for p in pushed]
     assert committed == sorted(committed, key=order.index)
@@ -522,14 +530,14 @@ async def test_interleavings_of_speculation_keep_the_invariants(
             if not item.confirmed:
                 assert result.status == "interrupted"
         elif item.speculative and not item.confirmed:
-            assert item.text not in committed
             assert result.status in ("superseded", "interrupted")
-            if result.status == "interrupted":
-                assert result.error == "stopped"
-            else:
+            if result.status == "superseded":
+                assert item.text not in committed
                 preempted += 1
         if result.status == "completed":
             assert item.text in committed
+        if result.status == "superseded":  # never carried over (carry_over off)
+            assert item.text not in committed
     assert child.preempted_rounds == preempted
 
 

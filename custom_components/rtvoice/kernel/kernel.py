@@ -265,10 +265,12 @@ class Kernel:
         ``speculative=True``: the words may not be the whole turn yet. The round
         runs (its deltas reach the output handler) but commits nothing and calls
         no tool until ``confirm(seq)``: at its first tool call, or when its model
-        call ends, it waits (and ``on_text_pause`` says so). Cut before that (a
-        newer push, ``interrupt``, ``withdraw``), it is *preempted*: settled
-        ``superseded``, nothing in the history, never carried over, its requests
-        and tokens counted (``ChildStats.preempted_*``). The output side may hold
+        call ends, it waits (and ``on_text_pause`` says so). Replaced before that
+        (a newer push, ``withdraw``), it is *preempted*: settled ``superseded``,
+        nothing in the history, never carried over, its requests and tokens
+        counted (``ChildStats.preempted_*``). Cut by ``interrupt`` or a stop, its
+        words stand: an ordinary interrupted round (its input committed once its
+        model call started), with no tool run. The output side may hold
         its text until the confirmation, or play it at once: once it acknowledges
         any of it as delivered (``acknowledge``, ``delivery="acknowledged"``), the
         user has heard an answer to the input, which then stands: it is committed
@@ -328,8 +330,9 @@ class Kernel:
 
         Still waiting in the slot: it is removed and settles ``superseded`` (it never
         reached the model; nothing is committed). Being answered: the round is cut as
-        by ``interrupt`` (critical sections still protected). Already answered or
-        unknown: nothing happens.
+        by ``interrupt`` (critical sections still protected); a speculative one not
+        heard yet is preempted (see ``push``). Already answered or unknown: nothing
+        happens.
         """
         child = self._live(child_id)
         voided = child.slot.withdraw(seq)
@@ -344,6 +347,7 @@ class Kernel:
         rnd = child.round
         if rnd is not None and rnd.seq == seq and not rnd.finished:
             rnd.withdrawn = not rnd.model_called  # not yet at the model: superseded
+            rnd.taken_back = True
             cut = self.interrupt(child_id)
             _LOGGER.debug(
                 "Child %s: input %s withdrawn from its round (model called: %s,"
