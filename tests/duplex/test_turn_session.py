@@ -652,3 +652,26 @@ async def test_going_on_before_the_answer_was_heard_leaves_no_trace(
     assert stats is not None
     assert (stats.preempted_rounds, stats.preempted_requests) == (1, 1)
     assert krig.session.stats.preempted == 1
+
+
+@pytest.mark.parametrize("krig", [GatedTts], indirect=True)
+async def test_a_wake_word_in_the_revocable_window_keeps_the_words(
+    krig: KernelRig,
+) -> None:
+    """A barge-in by wake word before the answer is heard: no audio, no tool.
+
+    The wake word is no sign the words were unfinished: they stand (the model
+    sees what was asked, unanswered), and nothing is counted as preempted.
+    """
+    krig.session.feed_mic(speech(400) + quiet(300))
+    assert isinstance(krig.tts, GatedTts)
+    await wait(krig.tts.took)
+    krig.session.wake_word_detected()
+    krig.tts.gate.set()
+    transcript = await krig.history(1)
+    assert transcript == [("user", "turn off the lights", False)]
+    assert krig.tools.calls == []
+    assert krig.transport.frames == []
+    stats = krig.kernel.stats(krig.conversation.child_id)
+    assert stats is not None
+    assert (stats.preempted_rounds, stats.interrupted_rounds) == (0, 1)

@@ -121,7 +121,7 @@ class SessionStats:
     """Counters of one session (diagnostics and benchmarks)."""
 
     utterances: int = 0
-    pushes: int = 0  # words pushed as a whole turn (early pushes: see below)
+    pushes: int = 0  # words pushed into the child (early pushes included)
     barge_ins: int = 0  # answers cut by the user's words
     pauses: int = 0  # onset pauses
     false_barge_ins: int = 0  # pauses that resumed
@@ -763,6 +763,7 @@ class DuplexSession:
             self.stats.barge_ins += 1  # words over the answer: it is cut
         self._cut_answer()
         ticket = self._child.push(text, speculative=True)
+        self.stats.pushes += 1
         early.ticket = ticket
         early.held = held
         self._early = early
