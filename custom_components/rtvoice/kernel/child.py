@@ -91,8 +91,9 @@ class ChildStats:
     state: str = ChildState.IDLE
     first_delta_ms: float | None = None  # last round: input pushed -> first delta
     messages: int = 0
-    # Speculation (Kernel.push(speculative=True)): inputs pushed held, those never
-    # confirmed (no history, no tool), and what the preempted ones cost.
+    # Speculation (Kernel.push(speculative=True)): inputs pushed held, those
+    # preempted (replaced by a newer push or withdrawn before anything of them
+    # was heard: no history, no tool), and what the preempted ones cost.
     speculative_inputs: int = 0
     preempted_rounds: int = 0
     preempted_requests: int = 0
