@@ -165,10 +165,11 @@ DEFAULT_ECHO_CANCELLATION: Final = False
 CONF_END_SILENCE: Final = "end_silence"  # seconds of silence after an answer
 DEFAULT_END_SILENCE: Final = 8
 # End of turn by what was said (duplex/turn.py): "off" | "low" | "medium" | "high"
-# | "auto" (medium); off ends a turn by silence alone. Off by default for now: on
-# the bench's utterances auto cuts off 7 % (those pausing after a complete phrase).
+# | "auto" (medium); off ends a turn by silence alone. Auto by default since an
+# early end is revocable until its answer is heard (row 22 of docs/benchmarks.md:
+# 1 % false cut-offs with realistic peers, was 7 %); a stored value stays.
 CONF_TURN_EAGERNESS: Final = "turn_eagerness"
-DEFAULT_TURN_EAGERNESS: Final = "off"
+DEFAULT_TURN_EAGERNESS: Final = "auto"
 TURN_EAGERNESS_OFF: Final = "off"
 # A Wyoming satellite's data: host, port, name, plus the per-satellite settings
 # above and CONF_WAKE_WORD (before 1.3: a list in the options under this key).

@@ -193,4 +193,5 @@ def _session(session: DuplexSession) -> dict[str, Any]:
         "speculations": stats.speculations,
         "confirmed_speculations": stats.confirmed_speculations,
         "preempted": stats.preempted,
+        "spoken_over_ends": stats.spoken_over_ends,
     }

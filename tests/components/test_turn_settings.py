@@ -12,7 +12,7 @@ from custom_components.rtvoice.duplex_ha import satellite_eagerness, satellite_o
 @pytest.mark.parametrize(
     ("stored", "expected"),
     [
-        (None, None),  # not stored yet: the default (off)
+        (None, Eagerness.AUTO),  # not stored: the default (auto)
         ("auto", Eagerness.AUTO),
         ("low", Eagerness.LOW),
         ("medium", Eagerness.MEDIUM),

@@ -684,7 +684,7 @@ async def test_wyoming_settings_are_stored(
             CONF_ECHO_CANCELLATION: False,
             CONF_END_SILENCE: 12,
             CONF_WAKE_WORD: "alexa",
-            CONF_TURN_EAGERNESS: "off",  # the default
+            CONF_TURN_EAGERNESS: "auto",  # the default
         },
     ]
 

@@ -8,6 +8,7 @@ from custom_components.rtvoice.duplex.turn import (
     Eagerness,
     TurnVerdict,
     judge_turn,
+    same_words,
     unfinished,
 )
 
@@ -88,3 +89,10 @@ def test_auto_is_medium() -> None:
     """Auto is medium."""
     assert Eagerness.AUTO.level is Eagerness.MEDIUM
     assert Eagerness.LOW.level is Eagerness.LOW
+
+
+def test_same_words_ignore_case_and_punctuation() -> None:
+    """A heard early end stands when the whole utterance says the same words."""
+    assert same_words("turn off the lights", "Turn off the lights.")
+    assert not same_words("turn off the lights", "turn off the lights in the hall")
+    assert not same_words("turn off the lights", "")

@@ -517,6 +517,7 @@ class Rig:
         ask_parent: bool = False,
         ask_parent_hook: Callable[[str, str], None] | None = None,
         async_output: bool = False,
+        on_text_pause: Callable[[str, int], None] | None = None,
     ) -> None:
         """Build a kernel around the doubles."""
         self.provider = provider if provider is not None else ScriptedProvider()
@@ -541,6 +542,7 @@ class Rig:
             on_closed=self._on_closed,
             on_ask_parent=self._on_ask_parent if ask_parent else None,
             on_tool_result=self._on_tool_result,
+            on_text_pause=on_text_pause,
         )
 
     def _on_closed(self, child_id: str, messages: int, chars: int) -> None:

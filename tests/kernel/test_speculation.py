@@ -1,8 +1,10 @@
 """Speculative inputs (issue 18 §2): answered early, held until confirmed.
 
 ``push(speculative=True)`` runs the round (its deltas reach the output handler) but
-commits nothing and calls no tool until ``confirm``; cut before that it is
-preempted: no history, no carry-over, its requests and tokens counted.
+commits nothing and calls no tool until ``confirm``; replaced before that (a newer
+push, ``withdraw``) it is preempted: no history, no carry-over, its requests and
+tokens counted. Cut by ``interrupt`` or a stop, or heard (acknowledged), its words
+stand; its tool calls still wait for ``confirm``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Literal
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from custom_components.rtvoice.kernel import Ticket, drop_unpaired_tool_calls
+from custom_components.rtvoice.kernel import Message, Ticket, drop_unpaired_tool_calls
 from tests.kernel.fakes import (
     Mark,
     Rig,
@@ -189,19 +191,26 @@ async def test_a_held_tool_call_is_never_run_when_superseded() -> None:
         assert rig.kernel.stats("c").suppressed_cancels == 0  # type: ignore[union-attr]
 
 
-async def test_a_barge_in_during_speculation_preempts_it() -> None:
-    """A barge in during speculation preempts it."""
+async def test_a_barge_in_during_speculation_keeps_the_words() -> None:
+    """A barge-in (interrupt) is no sign the words were unfinished: they stand."""
     gate = asyncio.Event()
-    provider = ScriptedProvider(default=[Text("Sure"), WaitFor(gate)])
-    async with Rig(provider) as rig:
-        out = await rig.spawn("c")
+    tools = ScriptedToolRunner({"music": ToolBehaviour(result="on")})
+    provider = ScriptedProvider(
+        default=[Text("Sure. "), WaitFor(gate), Tools.of(call("t1", "music"))]
+    )
+    async with Rig(provider, tools) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
         held = rig.kernel.push("c", "play", speculative=True)
-        await out.wait_text("Sure")
+        await out.wait_text("Sure. ")
         assert rig.kernel.interrupt("c")  # e.g. the wake word, or the session ending
-        assert (await outcome(held)).status == "superseded"
-        assert rig.kernel.transcript("c") == []
-        assert not rig.kernel.confirm("c", held.seq)  # too late: push the words again
-        assert rig.kernel.stats("c").preempted_rounds == 1  # type: ignore[union-attr]
+        gate.set()
+        assert (await outcome(held)).status == "interrupted"
+        assert rig.kernel.transcript("c") == [Message("user", "play")]
+        assert tools.calls == []  # never confirmed: its tool call never ran
+        assert not rig.kernel.confirm("c", held.seq)  # too late
+        stats = rig.kernel.stats("c")
+        assert stats is not None
+        assert (stats.preempted_rounds, stats.interrupted_rounds) == (0, 1)
 
 
 async def test_withdrawn_speculation_is_preempted() -> None:
@@ -217,18 +226,18 @@ async def test_withdrawn_speculation_is_preempted() -> None:
         assert rig.kernel.transcript("c") == []
 
 
-async def test_a_stop_during_speculation_settles_it_stopped() -> None:
-    """A stop during speculation settles it stopped."""
+async def test_a_stop_during_speculation_keeps_the_words_for_the_hand_off() -> None:
+    """A stop (the conversation closes) settles it stopped; the words stand."""
     gate = asyncio.Event()
     provider = ScriptedProvider(default=[Text("Sure"), WaitFor(gate)])
     async with Rig(provider) as rig:
-        out = await rig.spawn("c")
+        out = await rig.spawn("c", delivery="acknowledged")
         held = rig.kernel.push("c", "play", speculative=True)
         await out.wait_text("Sure")
-        await rig.kernel.stop("c")
+        await rig.kernel.close("c")
         result = await outcome(held)
         assert (result.status, result.error) == ("interrupted", "stopped")
-        assert not rig.kernel.transcript("c")  # nothing kept (a stopped child: None)
+        assert rig.kernel.transcript("c") == [Message("user", "play")]
 
 
 async def test_a_failed_speculation_commits_nothing() -> None:
@@ -243,6 +252,118 @@ async def test_a_failed_speculation_commits_nothing() -> None:
         assert not rig.kernel.confirm("c", held.seq)
 
 
+async def test_a_heard_speculation_stands_when_the_user_goes_on() -> None:
+    """Its answer was heard: the input is committed, a cut is an interruption."""
+    provider = ScriptedProvider(
+        [Text("Okay, the lights.")], default=[Text("The hall lights are off.")]
+    )
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        held = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Okay, the lights.")  # waits for its confirmation
+        rig.kernel.acknowledge("c", held.seq, 5)  # the output played "Okay,"
+        assert users(rig) == ["turn off the lights"]  # heard: it stands
+        full = rig.kernel.push("c", "turn off the lights in the hall")
+        cut = await outcome(held)
+        assert (cut.status, cut.text) == ("interrupted", "Okay,")
+        assert (await outcome(full)).status == "completed"
+        transcript = rig.kernel.transcript("c") or []
+        assert [(m.role, m.content, m.interrupted) for m in transcript] == [
+            ("user", "turn off the lights", False),
+            ("assistant", "Okay,", True),
+            ("user", "turn off the lights in the hall", False),
+            ("assistant", "The hall lights are off.", False),
+        ]
+        stats = rig.kernel.stats("c")
+        assert stats is not None
+        assert (stats.preempted_rounds, stats.interrupted_rounds) == (0, 1)
+
+
+async def test_nothing_heard_leaves_a_speculation_revocable() -> None:
+    """An acknowledgement of nothing (played 0 characters) changes nothing."""
+    provider = ScriptedProvider([Text("Okay.")], default=[Text("Both.")])
+    async with Rig(provider) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        held = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Okay.")
+        rig.kernel.acknowledge("c", held.seq, 0, final=True)  # cut before a word
+        rig.kernel.push("c", "turn off the lights and the fan")
+        assert (await outcome(held)).status == "superseded"
+        assert "turn off the lights" not in users(rig)
+        assert rig.kernel.stats("c").preempted_rounds == 1  # type: ignore[union-attr]
+
+
+async def test_a_heard_speculation_still_waits_to_call_its_tool() -> None:
+    """The preamble was heard; the device is touched only once confirmed."""
+    tools = ScriptedToolRunner({"light": ToolBehaviour(result="off")})
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "light"), content="Turning them off. ")],
+        default=[Text("Done.")],
+    )
+    async with Rig(provider, tools) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        ticket = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Turning them off. ")
+        rig.kernel.acknowledge("c", ticket.seq, len("Turning them off."))
+        await yield_many(50)
+        assert tools.calls == []
+        assert users(rig) == ["turn off the lights"]
+        assert rig.kernel.confirm("c", ticket.seq)
+        assert (await outcome(ticket)).status == "completed"
+        assert [c.name for c in tools.calls] == ["light"]
+        transcript = rig.kernel.transcript("c") or []
+        assert [m.role for m in transcript] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        assert users(rig) == ["turn off the lights"]  # committed once
+
+
+async def test_a_heard_speculation_waiting_for_its_tool_is_cut_without_it() -> None:
+    """The user goes on over the preamble: the held tool call never runs."""
+    tools = ScriptedToolRunner({"light": ToolBehaviour(result="off")})
+    provider = ScriptedProvider(
+        [Tools.of(call("t1", "light"), content="Turning them off. ")],
+        default=[Text("The hall is dark.")],
+    )
+    async with Rig(provider, tools) as rig:
+        out = await rig.spawn("c", delivery="acknowledged")
+        held = rig.kernel.push("c", "turn off the lights", speculative=True)
+        await out.wait_text("Turning them off. ")
+        rig.kernel.acknowledge("c", held.seq, 7, final=True)  # "Turning", then cut
+        full = rig.kernel.push("c", "turn off the lights in the hall")
+        assert (await outcome(held)).status == "interrupted"
+        assert (await outcome(full)).status == "completed"
+        assert tools.calls == []
+        transcript = rig.kernel.transcript("c") or []
+        assert drop_unpaired_tool_calls(transcript) is transcript
+        assert [(m.role, m.content) for m in transcript] == [
+            ("user", "turn off the lights"),
+            ("assistant", "Turning"),
+            ("user", "turn off the lights in the hall"),
+            ("assistant", "The hall is dark."),
+        ]
+
+
+async def test_the_text_pauses_while_it_waits_for_its_confirmation() -> None:
+    """on_text_pause: an output holding back its last sentence may speak it now."""
+    paused: list[int] = []
+    provider = ScriptedProvider(default=[Text("Okay, done")])
+    async with Rig(provider, on_text_pause=lambda _c, seq: paused.append(seq)) as rig:
+        out = await rig.spawn("c")
+        ticket = rig.kernel.push("c", "do it", speculative=True)
+        await out.wait_text("Okay, done")
+        await yield_many(10)
+        assert paused == [ticket.seq]
+        assert rig.kernel.confirm("c", ticket.seq)
+        await outcome(ticket)
+        ordinary = rig.kernel.push("c", "again")
+        await outcome(ordinary)
+        assert paused == [ticket.seq]  # a text-only ordinary round does not pause
+
+
 # ------------------------------------------------------------ property: interleavings
 
 Action = (
@@ -252,6 +373,7 @@ Action = (
     | tuple[Literal["interrupt"], int]
     | tuple[Literal["release"], int]
     | tuple[Literal["stop"], int]
+    | tuple[Literal["hear"], int]
 )
 actions = st.one_of(
     st.tuples(st.just("speculate"), st.integers(0, 6)),
@@ -260,6 +382,10 @@ actions = st.one_of(
     st.tuples(st.just("interrupt"), st.integers(0, 6)),
     st.tuples(st.just("release"), st.integers(0, 6)),
     st.tuples(st.just("stop"), st.integers(0, 6)),
+    st.tuples(st.just("hear"), st.integers(0, 6)),
+    # A speculation heard before anything else happens to it, more often.
+    st.tuples(st.just("speculate"), st.just(6)),
+    st.tuples(st.just("hear"), st.integers(0, 6)),
 )
 
 
@@ -271,6 +397,7 @@ class Pushed:
     ticket: Ticket
     speculative: bool
     confirmed: bool = False
+    heard: bool = False  # its answer was acknowledged while it was speculative
 
 
 @dataclass
@@ -296,7 +423,7 @@ class World:
 
 
 @settings(
-    max_examples=150,
+    max_examples=200,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -305,12 +432,17 @@ class World:
 async def test_interleavings_of_speculation_keep_the_invariants(
     plan: list[Action], tool_every: int
 ) -> None:
-    """Speculate, confirm, supersede, barge-in (interrupt) and stop in any order.
+    """Speculate, confirm, hear, supersede, barge-in (interrupt), stop in any order.
 
-    Invariants: every ticket settles; the history is paired and holds exactly the
-    inputs that were ordinary or confirmed and reached the model; no tool ran for
-    a round that was speculative when its tool call came; every speculative input
-    never confirmed ends superseded (or stopped), and is counted as preempted.
+    "hear": the output side acknowledges what the running round emitted (a
+    revocable early end plays its answer before the confirmation).
+
+    Invariants: every ticket settles; the history is paired, in push order, each
+    input at most once; no tool ran for a round that was not confirmed when its
+    tool call came; a speculative input neither confirmed nor heard either ends
+    superseded (replaced: not in the history, counted as preempted) or is cut
+    (interrupt, stop: interrupted, its words may stand); a heard one is in the
+    history, never completes unconfirmed and is never counted as preempted.
     """
     world = World(tool_every=tool_every)
     tools_ran: list[str] = []
@@ -320,7 +452,11 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     class Runner(ScriptedToolRunner):
         async def call(self, tool_call):
             rnd = rig_box[0].kernel._children["c"].round  # noqa: SLF001
-            held_at_tool.append(rnd is not None and rnd.speculative)
+            held_at_tool.append(
+                rnd is None
+                or rnd.speculative
+                or (rnd.confirmed is not None and not rnd.confirmed.is_set())
+            )
             tools_ran.append(tool_call.id)
             return await super().call(tool_call)
 
@@ -329,7 +465,7 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     pushed: list[Pushed] = []
     async with Rig(provider, tools) as rig:
         rig_box.append(rig)
-        await rig.spawn("c")
+        await rig.spawn("c", delivery="acknowledged")
         child = rig.kernel._children["c"]  # noqa: SLF001 - its counters after a close
         stopped = False
         for index, (kind, value) in enumerate(plan):
@@ -345,6 +481,16 @@ async def test_interleavings_of_speculation_keep_the_invariants(
                     target.confirmed = True
             elif kind == "interrupt":
                 rig.kernel.interrupt("c")
+            elif kind == "hear":
+                for _ in range(20):  # let the running round say something first
+                    rnd = child.round
+                    if rnd is not None and rnd.emitted_len:
+                        break
+                    await asyncio.sleep(0)
+                if rnd is not None and not rnd.finished and rnd.emitted_len:
+                    if rnd.speculative:
+                        next(p for p in pushed if p.ticket.seq == rnd.seq).heard = True
+                    rig.kernel.acknowledge("c", rnd.seq, rnd.emitted_len)
             elif kind == "release":
                 world.gate.set()
                 world.gate = asyncio.Event()
@@ -372,22 +518,26 @@ async def test_interleavings_of_speculation_keep_the_invariants(
     assert not any(held_at_tool)
     assert drop_unpaired_tool_calls(history) is history
     committed = [m.content for m in history if m.role == "user"]
-    allowed = {p.text for p in pushed if not p.speculative or p.confirmed}
-    assert set(committed) <= allowed
+    assert set(committed) <= {p.text for p in pushed}
+    assert len(committed) == len(set(committed))  # each input once
     order = [p.text for p in pushed]
     assert committed == sorted(committed, key=order.index)
     preempted = 0
     for item in pushed:
         result = item.ticket.outcome.result()
-        if item.speculative and not item.confirmed:
-            assert item.text not in committed
+        if item.heard:
+            assert item.text in committed  # the user heard an answer to it
+            if not item.confirmed:
+                assert result.status == "interrupted"
+        elif item.speculative and not item.confirmed:
             assert result.status in ("superseded", "interrupted")
-            if result.status == "interrupted":
-                assert result.error == "stopped"
-            else:
+            if result.status == "superseded":
+                assert item.text not in committed
                 preempted += 1
         if result.status == "completed":
             assert item.text in committed
+        if result.status == "superseded":  # never carried over (carry_over off)
+            assert item.text not in committed
     assert child.preempted_rounds == preempted
 
 

@@ -29,12 +29,21 @@ Silence is counted in mic audio, so no timer task exists.
 End of turn by what was said (``DuplexOptions.eagerness``, issue 18): at a short
 silence inside an utterance (``UtterancePaused``) the words so far are transcribed
 (a second STT stream) and judged (``turn.judge_turn``, with ``recognise``: HA's
-intent matching). ``END``: the turn ends now (pushed, the segmenter restarted).
-``HOLD``: pushed *speculatively*, once per utterance: the kernel answers but calls
-no tool and commits nothing, and the answer's first sentence is synthesised but
-not played, until the hangover ends the utterance with no speech after the pause
-(confirmed: it plays, no second STT). Speech again (a gate onset) withdraws it
-(``preempted``) and the whole utterance is transcribed and pushed as usual.
+intent matching). ``END`` and ``HOLD`` push the words *speculatively*, at most once
+per utterance (the kernel answers but calls no tool, and commits nothing until the
+user hears the answer), and the utterance goes on: the segmenter's hangover still
+ends it. ``END``: the answer plays as soon as it comes. ``HOLD``: only its first
+sentence is synthesised ahead; it plays once confirmed. Either is *revocable* until
+its answer's first frame goes out to the satellite: speech again before that (a
+gate onset) withdraws it (``preempted``: nothing played, nothing kept), and the
+whole utterance is transcribed and pushed as usual. The hangover, with no speech
+since the pause, *confirms* it (no second STT): a tool call waits for that, so no
+device acts on words the silence alone would not have ended the turn with. Speech
+after an END's answer was heard is a barge-in like any other (``vad`` mode): the
+whole utterance is transcribed, and its words are pushed unless they are the same
+(then the answer is confirmed and resumes). Where the user's voice cannot
+interrupt an answer (``wake_word``/``off`` mode, or a mic that hears itself) the
+turn is over once its answer is heard: confirmed, the segmenter restarted.
 ``WAIT`` (unfinished words): nothing until the hangover.
 
 The DSP of each 10 ms frame (echo canceller, gate, VAD: ``_analyse``) runs on the
@@ -80,7 +89,7 @@ from .segmenter import (
 )
 from .self_hearing import SelfHearing
 from .sentences import Sentence, SentenceSplitter
-from .turn import Eagerness, TurnVerdict, judge_turn, unfinished
+from .turn import Eagerness, TurnVerdict, judge_turn, same_words, unfinished
 from .worker import DspWorker
 
 _LOGGER = logging.getLogger(__name__)
@@ -90,9 +99,6 @@ _LOGGER = logging.getLogger(__name__)
 # 400 ms + 200 ms). Sound after that, in an utterance that began over the answer,
 # is the user's (wake_word and off modes).
 ECHO_TAIL_MS = 600
-# pymicro-vad says "speech" for up to ~0.5 s after the last word: an utterance it
-# starts that soon after a turn ended early, without energy, is that tail.
-VAD_TAIL_MS = 800
 _LOUD_DBFS = -50.0  # as the onset gate: quieter is no speech
 _LOUD_OVER_DB = 12.0
 # Utterances waiting for the STT: a person says at most a few before the first
@@ -115,7 +121,7 @@ class SessionStats:
     """Counters of one session (diagnostics and benchmarks)."""
 
     utterances: int = 0
-    pushes: int = 0
+    pushes: int = 0  # words pushed into the child (early pushes included)
     barge_ins: int = 0  # answers cut by the user's words
     pauses: int = 0  # onset pauses
     false_barge_ins: int = 0  # pauses that resumed
@@ -134,11 +140,12 @@ class SessionStats:
     )  # pause -> resume, false barge-ins
     # End of turn by what was said (issue 18):
     early_transcripts: int = 0  # short silences transcribed (second STT stream)
-    early_ends: int = 0  # turns ended at the short silence (END)
-    speculations: int = 0  # speculative pushes (HOLD), at most one per utterance
-    confirmed_speculations: int = 0  # confirmed by the hangover: played
-    preempted: int = 0  # withdrawn: the user went on speaking
-    vad_tails: int = 0  # the VAD's tail after an early end, no energy: dropped
+    # Early pushes, at most one per utterance: END (played at once) or HOLD.
+    early_ends: int = 0  # END: the turn ended at the short silence (revocably)
+    speculations: int = 0  # HOLD: answered ahead, held until confirmed
+    confirmed_speculations: int = 0  # early pushes confirmed (hangover, or heard)
+    preempted: int = 0  # withdrawn before their answer went out: the user went on
+    spoken_over_ends: int = 0  # END answers heard, then new words: a cut-off
     hears_itself: bool = False  # vad without echo cancellation, the mic hears answers
 
 
@@ -149,7 +156,9 @@ class _Early:
     stt: asyncio.Task[str]  # the transcript of the utterance up to the silence
     resumed: bool = False  # the user went on speaking after it
     text: str = ""
-    ticket: Any = None  # the speculative push (TicketLike), if HOLD
+    ticket: Any = None  # the early push (TicketLike), if END or HOLD
+    held: bool = False  # HOLD: its answer plays only once confirmed
+    heard: bool = False  # its answer's first frame went out: no longer revocable
 
 
 @dataclass(slots=True)
@@ -161,8 +170,7 @@ class _Track:
     over_answer: bool = False  # started while an answer was playing or paused
     energy: bool = False  # the onset gate was open at some point during it
     early: _Early | None = None  # its latest short silence being judged
-    speculated: bool = False  # one speculative round per utterance
-    vad_tail: bool = False  # began right after a turn ended early (the VAD's tail)
+    speculated: bool = False  # one early push (speculative round) per utterance
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +192,7 @@ class _Utterance:
     pcm: bytes
     barge_in: bool  # started while an answer was paused for it
     words: asyncio.Task[str] | None = None  # already transcribed at its last pause
+    early: _Early | None = None  # its early push, heard and then spoken over
 
 
 class _Answer:
@@ -261,8 +270,8 @@ class DuplexSession:
         self.segmenter.pause_frames = (
             self.options.turn_pause_ms // FRAME_MS if self._eagerness else 0
         )
-        self._held_seq: int | None = None  # the speculative round not yet confirmed
-        self._early_end_ms: int | None = None  # mic position of the last early end
+        # The early push not yet confirmed or withdrawn (END or HOLD).
+        self._early: _Early | None = None
         self.gate = gate if gate is not None else OnsetGate()
         # Opt-in second gate on the raw mic (beats AEC3's double-talk hold when the
         # user is louder than the echo, at the price of more false pauses: see
@@ -400,6 +409,7 @@ class DuplexSession:
             self.stats.wake_interrupts += 1
             self._cut_answer()
             self._child.interrupt()
+        self._early = None  # interrupted with the round
         self._restart_segmenter()
         self._utterance = _Track()
         self._set_state(SessionState.LISTENING)
@@ -415,6 +425,7 @@ class DuplexSession:
         if self._answer is not None or self._pending_rounds:
             self._cut_answer()
             self._child.interrupt()
+        self._early = None
         self._set_state(SessionState.ENDED)
 
     async def aclose(self) -> None:
@@ -516,7 +527,10 @@ class DuplexSession:
         if not stale:
             self._in_utterance = result.in_utterance
         if self._self_hearing is not None:
+            epoch = self._epoch
             self._check_self_hearing(result.level)
+            if self._epoch != epoch:  # the segmenter restarted: its event is stale
+                segment_event = None
         vad_mode = self._voice_barge_in
         if self._gate_open or gate_event is GateEvent.ONSET:
             self._utterance.energy = True
@@ -557,6 +571,8 @@ class DuplexSession:
         self.stats.hears_itself = True
         if self._utterance.over_answer:
             self._utterance.ignored = True  # what it hears now is the answer
+        if self._early is not None and self._early.heard:
+            self._turn_over(self._early)  # what the utterance hears now is the answer
         if self.state is SessionState.PAUSED:
             self._resume()
         _LOGGER.warning(
@@ -587,8 +603,6 @@ class DuplexSession:
             ignored=playing and not self._voice_barge_in,
             over_answer=playing,
             energy=self._gate_open,
-            vad_tail=self._early_end_ms is not None
-            and self.mic_ms - self._early_end_ms <= VAD_TAIL_MS,
         )
         if self._utterance.ignored:
             return  # speech alone never interrupts in wake_word/off mode
@@ -609,11 +623,6 @@ class DuplexSession:
             # Begun in the answer's echo tail, the user's words after it.
             self.stats.tail_utterances += 1
             pcm, track = after_tail, _Track(energy=True)
-        if track.vad_tail and not track.energy:
-            # The VAD still "hears" the words of a turn that ended early (its
-            # state outlives the restart): silence, not an utterance.
-            self.stats.vad_tails += 1
-            return
         if track.over_answer and not track.energy:
             # The VAD alone, over the answer, with no energy above the floor: what
             # it hears is residual echo (pymicro-vad fires on it); no words here.
@@ -625,8 +634,8 @@ class DuplexSession:
         early = track.early
         words = None
         if early is not None and not early.resumed:
-            if early.ticket is not None:
-                self._confirm(early)  # the hangover confirms the speculation
+            if early is self._early:
+                self._confirm(early)  # the hangover confirms the early push
                 return
             words = early.stt  # nothing said since the pause: its words are these
         if self._utterances.qsize() >= MAX_PENDING_UTTERANCES:
@@ -634,7 +643,11 @@ class DuplexSession:
             # waiting utterance goes, so the queue and the latency stay bounded.
             self._utterances.get_nowait()
             self.stats.stt_dropped += 1
-        self._utterances.put_nowait(_Utterance(pcm, track.over_answer, words))
+        # An early push still open here was heard, then spoken over: the words of
+        # the whole utterance decide (_transcribed).
+        self._utterances.put_nowait(
+            _Utterance(pcm, track.over_answer, words, self._early)
+        )
         self._start_stt_loop()
 
     def _start_stt_loop(self) -> None:
@@ -723,34 +736,37 @@ class DuplexSession:
         if early.resumed or track is not self._utterance or self._ended:
             return  # the user went on, or the hangover ended the utterance meanwhile
         verdict = judge_turn(text, self._eagerness, recognised=recognised)
-        if verdict is TurnVerdict.END:
-            self._end_turn_now(text)
-        elif verdict is TurnVerdict.HOLD and not track.speculated:
-            self._speculate(track, early, text)
+        if verdict is TurnVerdict.WAIT or track.speculated or self._stt_pending():
+            # One early push per utterance; and none while an older utterance
+            # waits for its words (their push would cut it).
+            return
+        self._push_early(track, early, text, held=verdict is TurnVerdict.HOLD)
 
     @property
     def _ended(self) -> bool:
         return self.state is SessionState.ENDED
 
-    def _end_turn_now(self, text: str) -> None:
-        """Push the words as the whole turn; the VAD's tail is no utterance."""
-        self.stats.early_ends += 1
-        self.stats.utterances += 1
-        self._early_end_ms = self.mic_ms
-        self._restart_segmenter()
-        self._utterance = _Track()
-        self._transcribed(text)
+    def _push_early(
+        self, track: _Track, early: _Early, text: str, *, held: bool
+    ) -> None:
+        """Answer the words so far, revocable until the answer is heard.
 
-    def _speculate(self, track: _Track, early: _Early, text: str) -> None:
-        """Answer the words so far, held until the hangover confirms them."""
+        ``held`` (HOLD): the answer plays only once confirmed; else (END) it plays
+        as soon as it comes. Either way the kernel calls no tool until confirmed.
+        """
         track.speculated = True
+        if held:
+            self.stats.speculations += 1
+        else:
+            self.stats.early_ends += 1
         if self.state is SessionState.PAUSED or self._answer is not None:
             self.stats.barge_ins += 1  # words over the answer: it is cut
         self._cut_answer()
         ticket = self._child.push(text, speculative=True)
+        self.stats.pushes += 1
         early.ticket = ticket
-        self._held_seq = ticket.seq
-        self.stats.speculations += 1
+        early.held = held
+        self._early = early
         self._pending_rounds.add(ticket.seq)
         ticket.outcome.add_done_callback(partial(self._round_settled, ticket.seq))
         self._set_state(SessionState.LISTENING)
@@ -759,25 +775,43 @@ class DuplexSession:
         """Drop the verdict of a short silence the user spoke on after."""
         early.resumed = True
         early.stt.cancel()
-        ticket = early.ticket
-        if ticket is None:
+        if early is not self._early or early.heard:
+            # No early push, or its answer is being heard: a barge-in like any
+            # other; the words of the whole utterance decide (_transcribed).
             return
+        self._early = None
         self.stats.preempted += 1
-        self._held_seq = None
-        if self._answer is not None and self._answer.seq == ticket.seq:
-            self._cut_answer()  # nothing of it was played
-        self._child.withdraw(ticket.seq)
+        seq = early.ticket.seq
+        if self._answer is not None and self._answer.seq == seq:
+            self._cut_answer()  # nothing of it went out: nothing was heard
+        self._child.withdraw(seq)
+
+    def _early_heard(self, early: _Early) -> None:
+        """Close the revocable window: the early push's answer goes out."""
+        early.heard = True
+        if not self._voice_barge_in:
+            # The mic hears the answer and the user's voice may not interrupt
+            # it: the turn is over here (what the utterance hears now is echo).
+            self._turn_over(early)
+
+    def _turn_over(self, early: _Early) -> None:
+        """End the utterance of a heard early push here and confirm it."""
+        self.stats.utterances += 1
+        self._restart_segmenter()
+        self._utterance = _Track()
+        self._confirm(early)
 
     def _confirm(self, early: _Early) -> None:
-        """Play the speculative answer: the hangover found no more words."""
-        ticket = early.ticket
-        self._held_seq = None
-        if not self._child.confirm(ticket.seq):
-            self._transcribed(early.text)  # it failed meanwhile: ask again
+        """Confirm the early push: the hangover found no more words (or no voice can)."""
+        self._early = None
+        seq = early.ticket.seq
+        if not self._child.confirm(seq):
+            if not early.heard:
+                self._transcribed(early.text)  # it failed meanwhile: ask again
             return
         self.stats.confirmed_speculations += 1
         answer = self._answer
-        if answer is not None and answer.seq == ticket.seq and answer.hold is not None:
+        if answer is not None and answer.seq == seq and answer.hold is not None:
             answer.hold.set()
 
     def _keep(self, task: asyncio.Task[Any]) -> None:
@@ -825,14 +859,23 @@ class DuplexSession:
                 text = ""
             finally:
                 self._transcribing = False
-            self._transcribed(text)
+            self._transcribed(text, utterance.early)
 
-    def _transcribed(self, text: str) -> None:
+    def _transcribed(self, text: str, early: _Early | None = None) -> None:
+        """Push the words of an utterance (``early``: its heard early push)."""
         if self.state is SessionState.ENDED:
             return
+        if early is not None and early is self._early:
+            if not text or same_words(text, early.text):
+                # The same words (a cough, a breath): the answer stands.
+                self._confirm(early)
+                text = ""
+            else:
+                self.stats.spoken_over_ends += 1
         if text:
             if self.state is SessionState.PAUSED or self._answer is not None:
                 self.stats.barge_ins += 1
+            self._early = None  # the push cuts it (latest wins)
             self._cut_answer()
             ticket = self._child.push(text)
             self.stats.pushes += 1
@@ -873,9 +916,9 @@ class DuplexSession:
         )
 
     def _open_answer(self, seq: int) -> _Answer:
-        answer = _Answer(
-            seq, self.options.early_first_clause_chars, held=seq == self._held_seq
-        )
+        early = self._early
+        held = early is not None and early.held and early.ticket.seq == seq
+        answer = _Answer(seq, self.options.early_first_clause_chars, held=held)
         self._answer = answer
         answer.task = asyncio.get_running_loop().create_task(
             self._speak(answer), name=f"rtvoice duplex answer {seq}"
@@ -991,6 +1034,11 @@ class DuplexSession:
             self._child.acknowledge(answer.seq, heard)
 
     async def _send_frame(self, frame: bytes) -> None:
+        early = self._early
+        if early is not None and not early.heard and not early.held:
+            answer = self._answer
+            if answer is not None and answer.seq == early.ticket.seq:
+                self._early_heard(early)  # its first frame goes out
         if self._self_hearing is not None:
             self._self_hearing.played(frame_dbfs(frame))
         if self._echo is not None:

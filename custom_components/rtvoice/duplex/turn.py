@@ -8,7 +8,9 @@ transcribes what was said so far and asks ``judge_turn``:
   full hangover (and speculate on nothing);
 - ``HOLD``: the words may be a whole turn: answer speculatively (the round runs,
   nothing plays) and let the hangover confirm it;
-- ``END``: the words are a whole turn: end it now.
+- ``END``: the words are a whole turn: end it now, and play the answer as soon as
+  it comes. Until its first audio goes out, speech withdraws it (the session
+  pushes it speculatively too), and its tool calls wait for the hangover.
 
 How eager the rule is (``Eagerness``, as OpenAI's ``semantic_vad`` eagerness):
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 import enum
 import re
 
-__all__ = ["Eagerness", "TurnVerdict", "judge_turn", "unfinished"]
+__all__ = ["Eagerness", "TurnVerdict", "judge_turn", "same_words", "unfinished"]
 
 
 class Eagerness(enum.StrEnum):
@@ -90,6 +92,11 @@ _CLOSED = (".", "?", "!", "。", "？", "！")
 
 def _words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text)]
+
+
+def same_words(first: str, second: str) -> bool:
+    """Return True when two transcripts say the same words (case, punctuation aside)."""
+    return _words(first) == _words(second)
 
 
 def unfinished(text: str) -> bool:

@@ -91,8 +91,9 @@ class ChildStats:
     state: str = ChildState.IDLE
     first_delta_ms: float | None = None  # last round: input pushed -> first delta
     messages: int = 0
-    # Speculation (Kernel.push(speculative=True)): inputs pushed held, those never
-    # confirmed (no history, no tool), and what the preempted ones cost.
+    # Speculation (Kernel.push(speculative=True)): inputs pushed held, those
+    # preempted (replaced by a newer push or withdrawn before anything of them
+    # was heard: no history, no tool), and what the preempted ones cost.
     speculative_inputs: int = 0
     preempted_rounds: int = 0
     preempted_requests: int = 0
@@ -125,6 +126,7 @@ class Round:
         "status",
         "tail_index",
         "tail_start",
+        "taken_back",
         "task",
         "text",
         "turn_text",
@@ -143,6 +145,7 @@ class Round:
         self.model_called = False
         self.interrupt_requested = False
         self.withdrawn = False  # its caller took the input back (see Kernel.withdraw)
+        self.taken_back = False  # ... whether or not its model call had started
         self.emitted: list[str] = []  # every delta of the round
         self.emitted_len = 0  # characters emitted in the round, all model calls
         self.turn_text: list[str] = []  # deltas of the current model call
@@ -357,7 +360,9 @@ class Child:
     def end_cut(self, rnd: Round) -> None:
         """Settle a round ended by a newer input, interrupt() or stop."""
         error = "stopped" if self.stopped else None
-        if rnd.speculative:  # never confirmed: as if never said
+        if rnd.speculative and (rnd.taken_back or self.slot.seq > rnd.seq):
+            # Taken back, or newer words replace it: as if never said, and what
+            # it cost is counted (the words the user goes on with hold these).
             rnd.finished = True
             if self.stopped:
                 self.settle(rnd.seq, rnd.future, Outcome("interrupted", error=error))
@@ -369,6 +374,11 @@ class Child:
             )
             self.settle(rnd.seq, rnd.future, Outcome("superseded"))
             return
+        if rnd.speculative:
+            # Cut by interrupt() or a stop (a wake word, the conversation's end):
+            # no sign that the words were unfinished, so they stand as for any
+            # round cut there; no tool of it ran.
+            self.let_stand(rnd)
         if not rnd.model_called and (rnd.withdrawn or not rnd.interrupt_requested):
             # The input never reached the model: superseded, nothing committed.
             rnd.finished = True
@@ -464,8 +474,21 @@ class Child:
             return
         rnd.delivered = max(rnd.delivered, min(chars, rnd.emitted_len))
         rnd.delivery_final = final
+        if rnd.speculative and rnd.delivered > 0 and not rnd.finished:
+            self.let_stand(rnd)  # the user heard some of its answer
         if rnd.status is not None:
             self.amend_round(rnd)
+
+    def let_stand(self, rnd: Round) -> None:
+        """Let a speculative input stand (heard, or cut by an interrupt or a stop).
+
+        It can no longer be taken back as if never said: the input is committed now
+        and a cut commits what was heard (an ordinary interruption, not preempted).
+        Its tool calls still wait for ``Kernel.confirm``.
+        """
+        rnd.speculative = False
+        if rnd.model_called:  # always, once something was delivered
+            self.commit_input(rnd)
 
     def amend_round(self, rnd: Round) -> None:
         """Make an ended round's last text say what the user heard."""

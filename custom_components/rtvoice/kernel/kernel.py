@@ -188,8 +188,9 @@ class Kernel:
         the output side's acknowledgement.
         ``on_text_pause(child_id, seq)`` says that the text of input ``seq``'s
         round stops here until its tool calls return (the model's call ended with
-        tool calls): an output that holds back a last, unfinished-looking sentence
-        should speak it now, since the user hears nothing while the tools run.
+        tool calls) or until a speculative input is confirmed: an output that
+        holds back a last, unfinished-looking sentence should speak it now, since
+        the user hears nothing while the tools run.
         Callbacks run in the event loop and must not block; their errors are
         logged, never raised into a round.
         """
@@ -262,12 +263,19 @@ class Kernel:
         cancel is suppressed (counted) and the round ends at its next check.
 
         ``speculative=True``: the words may not be the whole turn yet. The round
-        runs (its deltas reach the output handler, which must not play them yet)
-        but commits nothing and calls no tool until ``confirm(seq)``: at its first
-        tool call, or when its model call ends, it waits. Cut before that (a newer
-        push, ``interrupt``, ``withdraw``), it is *preempted*: settled
-        ``superseded``, nothing in the history, never carried over, its requests
-        and tokens counted (``ChildStats.preempted_*``).
+        runs (its deltas reach the output handler) but commits nothing and calls
+        no tool until ``confirm(seq)``: at its first tool call, or when its model
+        call ends, it waits (and ``on_text_pause`` says so). Replaced before that
+        (a newer push, ``withdraw``), it is *preempted*: settled ``superseded``,
+        nothing in the history, never carried over, its requests and tokens
+        counted (``ChildStats.preempted_*``). Cut by ``interrupt`` or a stop, its
+        words stand: an ordinary interrupted round (its input committed once its
+        model call started), with no tool run. The output side may hold
+        its text until the confirmation, or play it at once: once it acknowledges
+        any of it as delivered (``acknowledge``, ``delivery="acknowledged"``), the
+        user has heard an answer to the input, which then stands: it is committed
+        and a cut is an ordinary interruption (what was heard is committed). Its
+        tool calls still wait for ``confirm``.
         """
         child = self._live(child_id)
         if not text or not text.strip():
@@ -303,7 +311,7 @@ class Kernel:
             rnd.speculative = False
             if rnd.model_called:
                 child.commit_input(rnd)
-            assert rnd.confirmed is not None
+        if rnd.confirmed is not None:  # also a heard one (committed already)
             rnd.confirmed.set()
         return True
 
@@ -322,8 +330,9 @@ class Kernel:
 
         Still waiting in the slot: it is removed and settles ``superseded`` (it never
         reached the model; nothing is committed). Being answered: the round is cut as
-        by ``interrupt`` (critical sections still protected). Already answered or
-        unknown: nothing happens.
+        by ``interrupt`` (critical sections still protected); a speculative one not
+        heard yet is preempted (see ``push``). Already answered or unknown: nothing
+        happens.
         """
         child = self._live(child_id)
         voided = child.slot.withdraw(seq)
@@ -338,6 +347,7 @@ class Kernel:
         rnd = child.round
         if rnd is not None and rnd.seq == seq and not rnd.finished:
             rnd.withdrawn = not rnd.model_called  # not yet at the model: superseded
+            rnd.taken_back = True
             cut = self.interrupt(child_id)
             _LOGGER.debug(
                 "Child %s: input %s withdrawn from its round (model called: %s,"
@@ -691,14 +701,17 @@ class Kernel:
                     child.commit_input(rnd)
             limit_reached = max_turns <= turns
             text, calls = await self._stream(child, rnd, [] if limit_reached else specs)
-            if rnd.confirmed is not None:
-                await rnd.confirmed.wait()  # no tool, no commit while held
+            confirmed = rnd.confirmed  # None: an ordinary input
+            held = confirmed is not None and not confirmed.is_set()
+            if calls or held:  # the text stops here: speak what is held back
+                self._text_paused(child, rnd)
+            if confirmed is not None:
+                await confirmed.wait()  # no tool, no commit until confirmed
             if not calls:
                 child.commit_answer(rnd, text)
                 child.end_completed(rnd)
                 return
             turns += 1
-            self._text_paused(child, rnd)
             await self._run_tools(child, rnd, text, calls, limit_reached=limit_reached)
             if limit_reached:  # the model ignored the tool limit: stop here
                 child.end_completed(rnd)
