@@ -33,6 +33,7 @@ from custom_components.rtvoice.const import (
     CONF_NAME,
     CONF_NOISE_PSK,
     CONF_TURN_EAGERNESS,
+    DEFAULT_TURN_EAGERNESS,
     DOMAIN,
     SUBENTRY_ESPHOME,
 )
@@ -495,7 +496,7 @@ async def test_satellite_settings_are_stored_in_its_subentry(
         CONF_BARGE_IN: "wake_word",
         CONF_ECHO_CANCELLATION: False,
         CONF_END_SILENCE: 8,
-        CONF_TURN_EAGERNESS: "off",
+        CONF_TURN_EAGERNESS: DEFAULT_TURN_EAGERNESS,
     }
     result = await hass.config_entries.subentries.async_configure(
         form["flow_id"],
@@ -643,7 +644,7 @@ async def test_reconfigure_tests_a_new_address_on_the_same_device(
             CONF_HOST: device.host,
             CONF_PORT: device.port,
             **settings,
-            CONF_TURN_EAGERNESS: "off",
+            CONF_TURN_EAGERNESS: DEFAULT_TURN_EAGERNESS,
         }
         [subentry] = entry.subentries.values()
         assert subentry.unique_id == KEY
