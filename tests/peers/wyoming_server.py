@@ -8,6 +8,7 @@ the server cancels every connection task and waits for them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 import contextlib
 import logging
 from types import TracebackType
@@ -48,6 +49,14 @@ class Records[T]:
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.items) >= count)
             return self.items[count - 1]
+
+    async def wait_for_match(self, match: Callable[[T], bool]) -> T:
+        """Return the first request (past or future) that ``match`` accepts."""
+        if not self._keep:
+            raise RuntimeError("this server does not record requests")
+        async with self._changed:
+            await self._changed.wait_for(lambda: any(map(match, self.items)))
+            return next(item for item in self.items if match(item))
 
 
 class WyomingServer:

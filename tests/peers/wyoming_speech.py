@@ -184,6 +184,14 @@ class WyomingSttServer(WyomingServer):
         """Return the ``count``-th utterance once decoded (just before its answer)."""
         return await self._records.wait_for(count)
 
+    async def wait_for_transcript(self, text: str) -> SttRequest:
+        """Return the first request decoded as ``text``.
+
+        Early transcripts at a pause inside an utterance are requests too, so
+        counting requests can miss it.
+        """
+        return await self._records.wait_for_match(lambda r: r.transcript == text)
+
     async def set_phrases(self, phrases: Iterable[str]) -> None:
         """Replace the grammar (utterances already decoding keep the old one)."""
         phrases = list(phrases)
