@@ -79,6 +79,67 @@ def test_what_is_not_the_answer_is_not_self_hearing(case: str) -> None:
     assert not detector.hears_itself
 
 
+def test_a_user_who_interrupts_every_answer_alike_is_not_self_hearing() -> None:
+    """Answers cut by the user at the same moment each time make no verdict.
+
+    The user starts 0.6 s into each answer, which stops 50 ms later (a
+    barge-in); the user speaks ~1 s, a quiet second, the next answer. The
+    pattern repeats at one lag, and the silences agree: only where the mic is
+    loud while the answer is silent does it show that someone talks.
+    """
+    far_parts: list[np.ndarray] = []
+    mic_parts: list[np.ndarray] = []
+    for turn in range(12):
+        answer = speech_envelope(65, seed=10 + turn)  # cut 50 ms into the user
+        user = speech_envelope(100, seed=40 + turn)  # from 0.6 s on
+        quiet = np.full(100, -70.0)
+        far_parts += [answer, np.full(125, -70.0), quiet]
+        mic_parts += [np.full(60, -68.0), user + 3, np.full(30, -68.0), quiet]
+    far = np.concatenate(far_parts)
+    mic = np.concatenate(mic_parts)[: len(far)]
+    detector = SelfHearing()
+    assert feed(detector, far, mic) is None
+    assert not detector.hears_itself
+
+
+ANSWERS = (
+    "The kitchen light is now on and the heating is set to twenty degrees.",
+    "It is twenty one degrees in the living room and the windows are closed.",
+    "Your next meeting starts at three o'clock this afternoon in the office.",
+    "I have turned off every light in the house except the hallway lamp.",
+    "Tomorrow will be sunny with a high of eighteen degrees and light wind.",
+)
+INTERRUPTIONS = ("stop", "no wait", "what about tomorrow", "turn it off", "never mind")
+
+
+def envelope(pcm: bytes) -> np.ndarray:
+    """Levels of each 10 ms frame of ``pcm``."""
+    ends = range(FRAME_BYTES, len(pcm) + 1, FRAME_BYTES)
+    return np.array([frame_dbfs(pcm[end - FRAME_BYTES : end]) for end in ends])
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same words", "other words"])
+def test_a_user_who_says_stop_early_in_every_answer_is_not_self_hearing(
+    clip, same: bool
+) -> None:
+    """Spoken answers, each cut 50 ms after the user starts 300 ms into it."""
+    far_parts: list[np.ndarray] = []
+    mic_parts: list[np.ndarray] = []
+    for turn in range(15):
+        pick = 0 if same else turn % len(ANSWERS)
+        answer = envelope(clip(ANSWERS[pick], lead_ms=0, tail_ms=0))[:35]
+        user = envelope(clip(INTERRUPTIONS[pick], voice="en-gb", lead_ms=0, tail_ms=0))
+        length = 30 + len(user) + 100
+        far = np.full(length, -90.0)
+        far[: len(answer)] = answer
+        mic = np.full(length, -66.0)
+        mic[30 : 30 + len(user)] = np.maximum(user + 3, -66.0)
+        far_parts.append(far)
+        mic_parts.append(mic)
+    detector = SelfHearing()
+    assert feed(detector, np.concatenate(far_parts), np.concatenate(mic_parts)) is None
+
+
 async def looping_conversation(
     clip, *, seconds: float, echo_db: float, user: bytes | None = None
 ) -> tuple[DuplexSession, FakeChild, list[int], list[bool]]:

@@ -10,19 +10,23 @@ It can tell: the answer's own audio comes back in the mic. The loudness envelope
 the mic (one level per 10 ms frame) follows the envelope of what was sent to the
 device, shifted by the device's unknown output latency and the room's delay. The
 detector keeps both envelopes over the last few seconds, and while an answer plays
-correlates them over every lag up to ``max_lag_ms``: echo gives a high correlation
-at one lag (the syllables of the answer rise and fall in the mic), a user talking
-over it, a TV or a board that cancels its echo do not (their envelope is not the
-answer's). ``evidence`` consecutive windows over ``threshold`` make the verdict,
-which is final for the detector's life (one conversation).
+correlates them over every lag up to ``max_lag_ms``, over the frames where the
+answer played at that lag: echo gives a high correlation at one lag (the syllables
+of the answer rise and fall in the mic), a user talking over it, a TV or a board
+that cancels its echo do not (their envelope is not the answer's), nor a user who
+interrupts every answer alike (the answer's silences, where both are quiet, do not
+count; and a mic that is often loud where the answer has long been silent is
+someone talking, whatever the match). ``evidence`` consecutive windows over
+``threshold`` make the verdict, which is final for the detector's life (one
+conversation).
 
 Sent frames are placed on the mic's frame count as they leave the server (a
 paced player keeps a steady lead ahead of playback): the lead, the network and the
 device's buffers only move the lag, which the search covers.
 
 Pure Python and numpy, no Home Assistant; one per conversation, fed on the loop.
-Its memory is two fixed rings; an evaluation (every ``every_ms`` of answer) costs a
-few hundred microseconds.
+Its memory is two fixed rings; an evaluation (every ``every_ms`` of answer, 81
+lags) costs about 3 ms on the loop.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from .audio import FRAME_MS
 
 FLOOR_DBFS = -70.0  # levels below this are the same silence (room floor)
 ACTIVE_DBFS = -55.0  # a sent frame this loud or louder is answer audio
+TAIL = 15  # frames: gaps between words and the echo's reverberant tail
+LOUD_OVER_DB = 15.0  # a mic frame this far above its quiet is sound, not the floor
+MAX_LOUD_ALONE = 0.25  # echo: this share of the mic's loud frames at most is alone
 
 
 class SelfHearing:
@@ -107,14 +114,47 @@ class SelfHearing:
             self.correlation = 0.0
             self._streak = 0
             return
-        best = max(
-            _pearson(mic, far[self._max_lag - lag : len(far) - lag])
+        best, lag = max(
+            (self._while_playing(mic, far[self._max_lag - lag : len(far) - lag]), lag)
             for lag in range(self._max_lag + 1)
         )
+        if best >= self._threshold and self._loud_alone(
+            mic, far[self._max_lag - lag : len(far) - lag]
+        ):
+            best = 0.0  # the mic is loud by itself too: someone talks, not echo
         self.correlation = best
         self._streak = self._streak + 1 if best >= self._threshold else 0
         if self._streak >= self._evidence:
             self.hears_itself = True
+
+    def _while_playing(self, mic: np.ndarray, far: np.ndarray) -> float:
+        """Correlation of the mic with the answer over the frames the answer played.
+
+        Only there does echo show: the mic rises and falls with the answer's
+        syllables. Frames where the answer is silent say nothing about it, and
+        would make a user who interrupts every answer alike (answer, then the
+        user while it is cut, then both quiet) look like its echo.
+        """
+        playing = far >= ACTIVE_DBFS
+        if int(np.count_nonzero(playing)) < self._min_active:
+            return 0.0
+        return _pearson(mic[playing], far[playing])
+
+    def _loud_alone(self, mic: np.ndarray, far: np.ndarray) -> bool:
+        """Whether the mic is often loud where the answer (at the lag) is silent.
+
+        Echo is only there while the answer plays (and a short reverberant tail
+        after it); a user who speaks once the answer stopped for them (a
+        barge-in pauses it) makes the mic loud where the answer is silent. Two
+        envelopes with few syllables in a window can match at some lag by chance;
+        this tells such a match from echo.
+        """
+        loud = mic > float(np.percentile(mic, 10)) + LOUD_OVER_DB
+        # The answer counts as playing across its short gaps and its echo's
+        # reverberant tail: silent only where nothing played for a while.
+        playing = np.convolve(far >= ACTIVE_DBFS, np.ones(2 * TAIL + 1), "same") > 0
+        alone = np.count_nonzero(loud & ~playing)
+        return float(alone) > MAX_LOUD_ALONE * float(np.count_nonzero(loud))
 
 
 def _take(ring: np.ndarray, first: int, count: int) -> np.ndarray:
