@@ -21,18 +21,9 @@ filter (MDF, Soo & Pang 1990) as Speex runs it, in numpy:
   against the reference by tens of µs per second. The filter never stops learning
   while the far end plays, and the step rises with the residual (a slid path leaves
   more), so it follows the slide.
-- **Residual echo suppression**: each bin of the foreground's output is compared
-  with its *predicted residual echo*: the echo's power there (the filter's
-  estimate or the reference through the coherence path, whichever is larger,
-  spread over neighbouring bins and a reverberant tail; neither needs the filter
-  aligned to the sample) times the share the linear filter is known to leave
-  (the attenuation: all of it while cold, after the path moved, on a newly
-  placed stretch and the first echo after a silence; down to ~-25 dB as the
-  filter shows it). Bins no louder than their prediction fall to the room's
-  noise, and a frame with nothing beyond its prediction is the room's noise
-  (so the onset gate never opens on residual echo); a user louder than the
-  residual passes in the frame they start (no attack smoothing). The gain is
-  applied as a 65-tap linear-phase filter: 2 ms of latency, no block artefacts.
+- **Residual echo suppression** (``residual.py``): what the linear filter leaves is
+  predicted per bin and suppressed, so the onset gate never opens on it, while a
+  user louder than it passes in the frame they start.
 - **No echo, no harm**: when the filter finds no echo path (a board that cancels its
   own echo), ``echo_found`` stays False and the mic passes through untouched.
 
@@ -43,29 +34,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from .residual import ResidualSuppressor
+
 BLOCK = 160  # 10 ms at 16 kHz
 _FFT = 2 * BLOCK
 _BINS = BLOCK + 1
-_GAIN_TAPS = 32  # the suppression filter's half length (2 ms)
 _INT16 = 32768.0
 _LOW_BINS = 81  # bins below 4 kHz: the drift's phase slope without wrapping
 POWER_ALPHA = 0.35 / 30
 STEP_SCALE = 0.99
 CONSTRAIN_TURNS = 4
 COARSE_SCALE = 0.3
-OVER = 2.0
-ERLE_FLOOR = 0.01
-SPREAD_BINS = 3  # the residual prediction covers this many neighbouring bins
-SPREAD_GAIN = 0.5  # at this share of their power
-KEPT_SHARE = 0.1  # a frame with less than this beyond its residual is all echo
-COLD_GAIN = 8.0  # echo power over the loudest reference, assumed while cold
-TAIL_DECAY = 0.7  # per frame: the residual prediction's reverberant tail
-ATTENUATION_FLOOR = 0.003  # the linear filter never leaves less than this
-RISE = 10 ** (0.5 / 10)  # the attenuation's rise per frame (0.5 dB)
-FALL = 10 ** (-0.5 / 10)  # and its fall (0.5 dB)
-JUMP = 4.0  # error this far over the prediction is near-end speech
-ONSET_FRAMES = 20  # after a far-end onset, the device's latency and the first echo
-ONSET_QUIET = 40  # far-end silence before an onset (a new sentence, not a word)
 
 
 class FdafCanceller:
@@ -77,7 +56,7 @@ class FdafCanceller:
         filter_ms: int = 300,
         suppress: bool = True,
         min_gain_db: float = -40.0,
-        over_suppress: float = OVER,
+        over_suppress: float = 2.0,
         no_echo_db: float = -45.0,
     ) -> None:
         """Cover ``filter_ms`` of echo path; suppress residual echo down to ``min_gain_db``.
@@ -98,7 +77,6 @@ class FdafCanceller:
             (p, _BINS), dtype=np.complex128
         )  # foreground (cancelling)
         self._last_x: np.ndarray = np.zeros(BLOCK)
-        self._last_e: np.ndarray = np.zeros(BLOCK)
         self._last_d: np.ndarray = np.zeros(BLOCK)
         self._cross: np.ndarray = np.zeros(
             (p, _BINS), dtype=np.complex128
@@ -115,7 +93,6 @@ class FdafCanceller:
         self._ratio_block = 1.0
         self._ratio_mins: list[float] = []
         self.residual_ratio = 1.0
-        self._noise: np.ndarray = np.full(_BINS, 1e-3)
         self._worse = 0  # recent frames the filter made louder than the mic
         self.drift = 0.0  # samples per second the echo path slides (estimate)
         self._snapshot: np.ndarray | None = None
@@ -123,8 +100,9 @@ class FdafCanceller:
         self._drift_turn = False
         self._power: np.ndarray = np.full(_BINS, 1.0)  # smoothed far-end power per bin
         self._suppress = suppress
-        self._min_gain = 10 ** (min_gain_db / 20)
-        self._over = over_suppress
+        self.suppressor = ResidualSuppressor(
+            min_gain_db=min_gain_db, over_suppress=over_suppress
+        )
         self._no_echo = 10 ** (no_echo_db / 10)
         # Leakage of the echo estimate into the error (Valin): Pey / Pyy.
         self._pey = 0.0
@@ -142,18 +120,10 @@ class FdafCanceller:
         # None until decided: True once the mic holds a coherent echo of the far
         # end, False after ``_decide_frames`` of far end without one (pass through).
         self.echo_found: bool | None = None
-        self._residual: np.ndarray = np.zeros(_BINS)  # predicted residual echo per bin
-        self._envelope: np.ndarray = np.zeros(_BINS)  # the echo's power per bin
         self._loudest: np.ndarray = np.zeros(_BINS)  # loudest reference, filter span
-        self._attenuation = 1.0  # share of the echo the linear filter leaves
-        self._new_stretch = False  # the next frame starts a newly placed stretch
-        self._far_quiet = 0  # frames since the far end last played
-        self._onset_frames = 0  # frames left of a far-end onset after silence
-        self._window: np.ndarray = np.hanning(2 * _GAIN_TAPS + 1)
         self._pair: np.ndarray = np.zeros((2, _FFT))
         self._filtered: np.ndarray = np.zeros((2, _BINS), dtype=np.complex128)
         self._padded: np.ndarray = np.zeros((2, _FFT))
-        self._rows: np.ndarray = np.zeros((3, _FFT))
         self.frames = 0
         self._turn = 0  # the quarter of the partitions constrained next
         self._weights: np.ndarray = np.full(self.partitions, 0.99 / self.partitions)
@@ -230,10 +200,18 @@ class FdafCanceller:
             if worse:
                 out = ef = d
         if self._suppress and self.echo_found is not False:
-            out = self._suppress_residual(
-                ef, yf, d, far=sxx > BLOCK * 1e-7, worse=moved
+            out = self.suppressor.suppress(
+                ef,
+                yf,
+                coarse=self._coarse * (1.0 / COARSE_SCALE),
+                loudest=self._loudest,
+                leak=self.leak,
+                cold=not self.adapted or self.echo_found is not True,
+                far=sxx > BLOCK * 1e-7,
+                worse=moved,
             )
-        self._last_e = ef
+        else:
+            self.suppressor.pass_through(ef)
         if not self.echo_found and self.coherence <= 0.3:
             return mic.copy()  # no echo here (yet): the mic as it came
         self._track_drift()
@@ -287,7 +265,7 @@ class FdafCanceller:
             self._coarse = (self._gain * xx).sum(
                 axis=0
             ) * COARSE_SCALE  # the echo's tail
-            self._track_noise(mic_spectrum.real**2 + mic_spectrum.imag**2)
+            self.suppressor.track_noise(mic_spectrum.real**2 + mic_spectrum.imag**2)
             return
         a = 0.02
         self._cross += a * (mic_spectrum[None, :] * window.conj() - self._cross)
@@ -316,24 +294,13 @@ class FdafCanceller:
             self._ratio_block = 1.0
         self.residual_ratio = min([self._ratio_block, *self._ratio_mins])
 
-    def _track_noise(self, power: np.ndarray) -> None:
-        """Track the mic's noise floor per bin: down with quiet frames, creeping up.
-
-        Only while the far end is silent: the echo is no floor to keep.
-        """
-        # The [0, e] spectra the suppressor compares against hold half the power.
-        half = 0.5 * power
-        self._noise = np.where(
-            half < self._noise, 0.7 * self._noise + 0.3 * half, self._noise * 1.002
-        )
-
     def new_stretch(self) -> None:
         """Say the reference from the next frame on was placed anew (a few ms off).
 
         The echo path learnt on the last stretch may not fit it: the suppressor
         takes all of the echo as residual until the filter shows what it leaves.
         """
-        self._new_stretch = True
+        self.suppressor.new_stretch()
 
     @property
     def learning(self) -> bool:
@@ -431,107 +398,3 @@ class FdafCanceller:
         residual = np.minimum(self.leak * yy, ee)
         residual = 0.7 * residual + 0.3 * rer * ee
         return np.asarray(residual / (ee + 1e-9), dtype=np.float64)
-
-    def _suppress_residual(
-        self,
-        ef: np.ndarray,
-        yf: np.ndarray,
-        d: np.ndarray,
-        *,
-        far: bool,
-        worse: bool,
-    ) -> np.ndarray:
-        """Attenuate each bin by its predicted residual echo, instantly.
-
-        The prediction is the echo's power in the bin (the filter's estimate, or
-        the reference through the coherence path, whichever is larger: neither
-        needs the filter aligned to the sample) times the share of it the linear
-        filter is known to leave (``attenuation``): all of it while the filter is
-        cold or the path just moved, ~1 % once it cancels. Bins whose error is no
-        louder than the prediction fall to the room's noise; a user louder than
-        the residual passes in the frame they start (no attack smoothing), so
-        the onset gate, which sees this output, opens on users and not on echo.
-        """
-        rows = self._rows  # [last e, e], [0, yf], [0, e]
-        rows[0, :BLOCK] = self._last_e
-        rows[0, BLOCK:] = ef
-        rows[1, BLOCK:] = yf
-        rows[2, BLOCK:] = ef
-        spectrum, big_yf, big_ef = np.fft.rfft(rows, axis=1)
-        echo = big_yf.real**2 + big_yf.imag**2
-        error = big_ef.real**2 + big_ef.imag**2
-        envelope = np.maximum(echo, self._coarse * (1.0 / COARSE_SCALE))
-        cold = not self.adapted or self.echo_found is not True
-        if cold:
-            # No path learnt yet: any delay of the filter's span, at a
-            # conservative gain (the echo may be louder than the reference).
-            envelope = np.maximum(envelope, COLD_GAIN * self._loudest)
-        # Spread over neighbouring bins: a bin the estimate misses (a weak
-        # reference there, the speaker's distortion) is covered by its neighbours.
-        spread = envelope.copy()
-        for k in range(1, SPREAD_BINS + 1):
-            np.maximum(spread[k:], SPREAD_GAIN * envelope[:-k], out=spread[k:])
-            np.maximum(spread[:-k], SPREAD_GAIN * envelope[k:], out=spread[:-k])
-        self._envelope = np.maximum(spread, TAIL_DECAY * self._envelope)
-        self._track_attenuation(
-            float(error.sum()), float(echo.sum()), far=far, worse=worse, cold=cold
-        )
-        residual = self._attenuation * self._envelope
-        residual = np.maximum(residual, self.leak * echo)
-        self._residual = residual
-        gain = 1.0 - self._over * residual / (error + 1e-12)
-        # Never below the room's own noise: the onset gate's floor stays the room's.
-        floor = np.sqrt(self._noise / (error + 1e-12))
-        gain = np.clip(gain, np.maximum(self._min_gain, np.minimum(floor, 1.0)), 1.0)
-        # The gain as a short linear-phase filter: 2 ms late, no block artefacts.
-        taps = np.fft.irfft(gain, n=_FFT)
-        taps = np.concatenate([taps[-_GAIN_TAPS:], taps[: _GAIN_TAPS + 1]])
-        taps *= self._window
-        response = np.fft.rfft(taps, n=_FFT)
-        out = np.fft.irfft(spectrum * response, n=_FFT)[BLOCK:]
-        # What the frame holds beyond the predicted residual: nothing (all echo)
-        # leaves the room's noise, not the filter's leakage between bins.
-        kept = float(np.sum(np.maximum(0.0, error - self._over * residual)))
-        noise = float(self._noise.sum())
-        if kept <= noise + KEPT_SHARE * float(residual.sum()):
-            level = float(np.dot(out, out)) * _FFT / 2 + 1e-12
-            if level > noise:
-                out = out * np.sqrt(noise / level)
-        return out
-
-    def _track_attenuation(
-        self, error: float, echo: float, *, far: bool, worse: bool, cold: bool
-    ) -> None:
-        """Follow the share of the echo the linear filter leaves (frame power ratio).
-
-        Up at most ``RISE`` a frame, and only while the error stays within ``JUMP``
-        of the prediction (a user talking raises the ratio far more at once: that
-        is near end, not a worse filter), down slowly; all of it while cold, after
-        the path moved, or on a newly placed stretch of far end (``new_stretch``).
-        """
-        if far and self._far_quiet >= ONSET_QUIET:
-            self._onset_frames = ONSET_FRAMES
-        self._far_quiet = 0 if far else self._far_quiet + 1
-        if cold or worse or self._new_stretch:
-            self._attenuation = 1.0
-            self._new_stretch = False
-            return
-        if not far and not self._onset_frames:
-            return
-        if echo <= 4 * float(self._noise.sum()):
-            return
-        ratio = min(1.0, max(ATTENUATION_FLOOR, error / (echo + 1e-12)))
-        if self._onset_frames:
-            # The first echo after a silence is not cancelled as well as the
-            # steady echo (measured: 10-15 dB less for ~50 ms), however well
-            # placed: until the device's latency has passed, what is left counts.
-            self._onset_frames -= 1
-            if ratio > self._attenuation:
-                self._attenuation = ratio
-                return
-        if ratio > JUMP * self._attenuation:
-            return  # far more than the filter leaves: a user talking, not the echo
-        if ratio > self._attenuation:
-            self._attenuation = min(ratio, self._attenuation * RISE)
-        else:
-            self._attenuation = max(ratio, self._attenuation * FALL)
