@@ -21,6 +21,12 @@ filter (MDF, Soo & Pang 1990) as Speex runs it, in numpy:
   against the reference by tens of µs per second. The filter never stops learning
   while the far end plays, and the step rises with the residual (a slid path leaves
   more), so it follows the slide.
+- **New stretches** (``align.py``): each new stretch of answer is placed on the
+  mic's time line a few ms off the last one; on its first frames of echo the
+  offset is measured (the mic against the filter's own estimate) and both filters
+  are moved by it, so the filter cancels as before instead of relearning for
+  seconds. Meanwhile all of the echo is taken as residual. A filter that makes a
+  loud mic clearly louder for five frames in a row is aligned the same way.
 - **Residual echo suppression** (``residual.py``): what the linear filter leaves is
   predicted per bin and suppressed, so the onset gate never opens on it, while a
   user louder than it passes in the frame they start.
@@ -34,7 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .residual import ResidualSuppressor
+from .align import Alignment, StretchAligner, shift_taps
+from .residual import ATTENUATION_FLOOR, ResidualSuppressor
 
 BLOCK = 160  # 10 ms at 16 kHz
 _FFT = 2 * BLOCK
@@ -45,6 +52,13 @@ POWER_ALPHA = 0.35 / 30
 STEP_SCALE = 0.99
 CONSTRAIN_TURNS = 4
 COARSE_SCALE = 0.3
+# The coherence path's echo power counted by the residual suppressor: it spreads
+# each partition's echo over its neighbours (speech is alike from one 10 ms to
+# the next), so it overstates the echo by ~8 dB; this share of it is the
+# suppressor's safety net where the filter's own estimate falls short.
+COARSE_SHARE = 0.6
+MOVED = 5  # frames the filter made the mic clearly louder: its path moved
+LOUD = 1e-5  # a mic frame this loud (power, -50 dBFS) holds more than noise
 
 
 class FdafCanceller:
@@ -94,6 +108,7 @@ class FdafCanceller:
         self._ratio_mins: list[float] = []
         self.residual_ratio = 1.0
         self._worse = 0  # recent frames the filter made louder than the mic
+        self._moved = 0  # frames in a row it made a loud mic clearly louder
         self.drift = 0.0  # samples per second the echo path slides (estimate)
         self._snapshot: np.ndarray | None = None
         self._rotation: np.ndarray = np.ones(_BINS, dtype=np.complex128)
@@ -121,6 +136,9 @@ class FdafCanceller:
         # end, False after ``_decide_frames`` of far end without one (pass through).
         self.echo_found: bool | None = None
         self._loudest: np.ndarray = np.zeros(_BINS)  # loudest reference, filter span
+        self.aligner = StretchAligner()
+        # The attenuation before the stretch (or move) to align.
+        self._trusted: np.ndarray = self.suppressor.attenuation.copy()
         self._pair: np.ndarray = np.zeros((2, _FFT))
         self._filtered: np.ndarray = np.zeros((2, _BINS), dtype=np.complex128)
         self._padded: np.ndarray = np.zeros((2, _FFT))
@@ -164,7 +182,17 @@ class FdafCanceller:
         see = float(np.dot(e, e))
         sff = float(np.dot(ef, ef))
         syy = float(np.dot(y, y))
-        self._two_paths(see, sff, sxx)
+        far = sxx > BLOCK * 1e-7
+        aligning = self.aligner.active
+        if aligning:
+            found = self.aligner.feed(d, yf, floor=BLOCK * 1e-6)
+            if found is not None:
+                self._realign(found)
+            elif not self.aligner.active:  # no clear offset: learn what it leaves
+                self.suppressor.attenuation[:] = 1.0
+        learn = far and not aligning  # a filter being aligned keeps its taps
+        if learn:
+            self._two_paths(see, sff, sxx)
 
         # Learning: the background filter.
         padded = self._padded  # [0, e] and [0, y]
@@ -175,7 +203,7 @@ class FdafCanceller:
         yy = big_y.real**2 + big_y.imag**2
         xx = spectrum.real**2 + spectrum.imag**2
         self._power += POWER_ALPHA * (xx - self._power)
-        if sxx > BLOCK * 1e-7:  # the far end plays: learn
+        if learn:  # the far end plays: learn
             step = self._step(e, y, ee, yy, see=see, syy=syy, sxx=sxx)
             self._far_frames += 1
             if self.frames % 4 == 1:
@@ -185,30 +213,37 @@ class FdafCanceller:
             self._constrain()
             self._far_energy += sxx
             self._echo_energy += float(np.dot(yf, yf))
-        self._coarse_echo(window, mic_spectrum, sff, learn=sxx > BLOCK * 1e-7)
+        self._coarse_echo(window, mic_spectrum, sff, learn=far)
 
         out = ef
-        moved = False
-        if sxx > BLOCK * 1e-7 or self._worse:
+        worse = False
+        if far or self._worse:
             # Never louder than the mic: a path that moved (a new stretch of
             # reference placed a few ms off) would add the reference, not remove it.
             sdd = float(np.dot(d, d))
             worse = sff > sdd and self.echo_found is not False
             self._worse = self._worse + 1 if worse else max(0, self._worse - 1)
-            # Clearly louder than a mic that holds more than noise: the path moved.
-            moved = worse and sff > 2 * sdd and sdd > BLOCK * 1e-6
+            # Clearly louder than a loud mic, frame after frame: the path moved
+            # (a stretch nobody announced). Not the filter's own noise where the
+            # echo pauses (a quiet mic), nor a user (who raises the mic too).
+            clearly = sff > 2 * sdd and sdd > BLOCK * LOUD
+            self._moved = self._moved + 1 if clearly else 0
+            if self._moved >= MOVED:
+                self._align()
             if worse:
                 out = ef = d
         if self._suppress and self.echo_found is not False:
             out = self.suppressor.suppress(
                 ef,
                 yf,
-                coarse=self._coarse * (1.0 / COARSE_SCALE),
+                coarse=self._coarse * (COARSE_SHARE / COARSE_SCALE),
                 loudest=self._loudest,
                 leak=self.leak,
                 cold=not self.adapted or self.echo_found is not True,
-                far=sxx > BLOCK * 1e-7,
-                worse=moved,
+                far=far,
+                # This frame's output is not the filter's (it made it louder),
+                # or the filter is off its path until aligned: all of it is echo.
+                distrust=worse or self.aligner.active,
             )
         else:
             self.suppressor.pass_through(ef)
@@ -297,10 +332,30 @@ class FdafCanceller:
     def new_stretch(self) -> None:
         """Say the reference from the next frame on was placed anew (a few ms off).
 
-        The echo path learnt on the last stretch may not fit it: the suppressor
-        takes all of the echo as residual until the filter shows what it leaves.
+        The echo path learnt on the last stretch may be a few ms off it: the
+        suppressor takes all of the echo as residual until the aligner has found
+        the offset in the first frames of echo and moved the filters by it.
         """
-        self.suppressor.new_stretch()
+        self._align()
+
+    def _align(self) -> None:
+        """Find the learnt path's offset in the frames to come, if there is a path."""
+        if not self.adapted or self.echo_found is not True or self.aligner.active:
+            return
+        self._trusted = self.suppressor.attenuation.copy()
+        self.aligner.start()
+
+    def _realign(self, found: Alignment) -> None:
+        """Move both filters by the offset found; trust them as before, or less."""
+        if abs(found.lag) < 0.25:
+            self.suppressor.attenuation = self._trusted.copy()  # nothing moved
+            return
+        self._w = shift_taps(self._w, found.lag)
+        self._wf = shift_taps(self._wf, found.lag)
+        self._snapshot = None  # the drift's reference: the filter moved
+        self.suppressor.attenuation = np.clip(
+            self._trusted, max(found.residual, ATTENUATION_FLOOR), 1.0
+        )
 
     @property
     def learning(self) -> bool:

@@ -3,15 +3,27 @@
 ``ResidualSuppressor.suppress`` compares each bin of the linear filter's output
 with its *predicted residual echo*: the echo's power there (the filter's
 estimate or the reference through the coherence path, whichever is larger,
-spread over neighbouring bins and a reverberant tail; neither needs the filter
-aligned to the sample) times the share the linear filter is known to leave (the
-attenuation: all of it while cold, after the path moved, on a newly placed
-stretch and the first echo after a silence; down to ~-25 dB as the filter shows
-it). Bins no louder than their prediction fall to the room's noise, and a frame
-with nothing beyond its prediction is the room's noise (so the onset gate never
-opens on residual echo); a user louder than the residual passes in the frame
-they start (no attack smoothing). The gain is applied as a 65-tap linear-phase
-filter: 2 ms of latency, no block artefacts.
+spread over neighbouring bins and a reverberant tail) times the share of it the
+linear filter leaves in that
+band (the attenuation, followed per band: the filter leaves far more at high
+frequencies, where the speaker distorts and a fraction of a sample of drift
+counts). The attenuation follows an upper quantile of what the filter is seen
+to leave frame by frame (up 1 dB a frame, down 0.4 dB: about the 70th
+percentile), not its median: the residual of a frame swings ±10 dB around it,
+and the onset gate must not open on the loud ones. Above 4 kHz (fricatives, the
+speaker's distortion) the prediction is four times over. Bins no louder than
+their prediction fall to the room's noise; a band whose power stays within its
+own prediction (over-suppressed, summed over the band: single bins of the
+residual swing past theirs) and what its neighbours' residual leaks through the
+suppression filter is residual too, and a frame with nothing beyond that is
+the room's noise (so the onset gate never opens on residual echo), while a user
+louder than the residual in any band passes in the frame they start (no attack
+smoothing). The
+gain is applied as a 65-tap linear-phase filter: 2 ms of latency, no block
+artefacts.
+
+All of it is taken as residual (``distrust``) in a frame the filter made louder
+and while the filter waits to be aligned on a new stretch (``align.py``).
 """
 
 from __future__ import annotations
@@ -25,15 +37,27 @@ _GAIN_TAPS = 32  # the suppression filter's half length (2 ms)
 OVER = 2.0
 SPREAD_BINS = 3  # the residual prediction covers this many neighbouring bins
 SPREAD_GAIN = 0.5  # at this share of their power
-KEPT_SHARE = 0.1  # a frame with less than this beyond its residual is all echo
+# Leakage of the suppression filter into a band: this share of its neighbours'
+# residual (measured: p99 -16 dB of the residual, at the band edges).
+LEAK_SHARE = 0.03
 COLD_GAIN = 8.0  # echo power over the loudest reference, assumed while cold
 TAIL_DECAY = 0.7  # per frame: the residual prediction's reverberant tail
 ATTENUATION_FLOOR = 0.003  # the linear filter never leaves less than this
-RISE = 10 ** (0.5 / 10)  # the attenuation's rise per frame (0.5 dB)
-FALL = 10 ** (-0.5 / 10)  # and its fall (0.5 dB)
+RISE = 10 ** (1.0 / 10)  # the attenuation's rise per frame (1 dB)
+FALL = 10 ** (-0.4 / 10)  # and its fall (0.4 dB): an upper quantile
+HIGH_BIN = 80  # 4 kHz: above it the prediction is HIGH_OVER times over
+HIGH_OVER = 4.0
 JUMP = 4.0  # error this far over the prediction is near-end speech
-ONSET_FRAMES = 20  # after a far-end onset, the device's latency and the first echo
-ONSET_QUIET = 40  # far-end silence before an onset (a new sentence, not a word)
+# Bands the attenuation is followed in (bin edges): the filter leaves far more of
+# the echo at high frequencies (the speaker's distortion) than below 1 kHz.
+EDGES = np.array([0, 4, 8, 12, 16, 24, 32, 48, 64, 80, 100, 128, _BINS])
+_STARTS = EDGES[:-1]
+_WIDTHS = np.diff(EDGES)
+MEASURED = 10.0  # the echo estimate over the noise at which its ratio is measured
+NOISE_SMOOTH = 0.8  # the mic's power per bin is smoothed over frames (this pole)
+# The smoothed power's minimum (down fast, up 0.2 % a frame) lies this far under
+# its mean (measured: -2.6 dB for Gaussian noise).
+NOISE_BIAS = 10 ** (2.6 / 10)
 
 
 class ResidualSuppressor:
@@ -48,17 +72,13 @@ class ResidualSuppressor:
         self.noise: np.ndarray = np.full(_BINS, 1e-3)  # the mic's floor, [0, e] scale
         self.residual: np.ndarray = np.zeros(_BINS)  # predicted residual echo per bin
         self._envelope: np.ndarray = np.zeros(_BINS)  # the echo's power per bin
-        self.attenuation = 1.0  # share of the echo the linear filter leaves
-        self._new_stretch = False  # the next frame starts a newly placed stretch
-        self._far_quiet = 0  # frames since the far end last played
-        self._onset_frames = 0  # frames left of a far-end onset after silence
+        # Share of the echo the linear filter leaves, per band.
+        self.attenuation: np.ndarray = np.ones(len(_WIDTHS))
+        self._smoothed: np.ndarray | None = None  # the mic's power, smoothed
+        self._minimum: np.ndarray = np.full(_BINS, 1e-3)  # and its minimum
         self._window: np.ndarray = np.hanning(2 * _GAIN_TAPS + 1)
         self._rows: np.ndarray = np.zeros((3, _FFT))
         self._last_e: np.ndarray = np.zeros(BLOCK)
-
-    def new_stretch(self) -> None:
-        """Take all of the echo as residual from the next frame on (a new placement)."""
-        self._new_stretch = True
 
     def track_noise(self, power: np.ndarray) -> None:
         """Track the mic's noise floor per bin: down with quiet frames, creeping up.
@@ -66,11 +86,17 @@ class ResidualSuppressor:
         ``power``: the mic's [last d, d] power spectrum, while the far end is
         silent (the echo is no floor to keep).
         """
-        # The [0, e] spectra the suppressor compares against hold half the power.
-        half = 0.5 * power
-        self.noise = np.where(
-            half < self.noise, 0.7 * self.noise + 0.3 * half, self.noise * 1.002
+        if self._smoothed is None:
+            self._smoothed = power.copy()
+        else:
+            self._smoothed += (1.0 - NOISE_SMOOTH) * (power - self._smoothed)
+        smoothed = self._smoothed
+        low = self._minimum
+        self._minimum = np.where(
+            smoothed < low, 0.7 * low + 0.3 * smoothed, low * 1.002
         )
+        # The [0, e] spectra the suppressor compares against hold half the power.
+        self.noise = 0.5 * NOISE_BIAS * self._minimum
 
     def pass_through(self, ef: np.ndarray) -> None:
         """Note a frame the suppressor did not see (it needs the last output)."""
@@ -86,14 +112,16 @@ class ResidualSuppressor:
         leak: float,
         cold: bool,
         far: bool,
-        worse: bool,
+        distrust: bool,
     ) -> np.ndarray:
         """Attenuate each bin of ``ef`` by its predicted residual echo, instantly.
 
         ``yf``: the filter's echo estimate; ``coarse``: the echo's power per bin
         through the coherence path; ``loudest``: the loudest reference power per
         bin over the filter's span (the echo's bound while ``cold``); ``leak``: the
-        share of the estimate's power the error holds; ``worse``: the path moved.
+        share of the estimate's power the error holds; ``distrust``: take all of
+        this frame's echo as residual (the filter is off its path), and learn
+        nothing of what it leaves.
         """
         rows = self._rows  # [last e, e], [0, yf], [0, e]
         rows[0, :BLOCK] = self._last_e
@@ -116,10 +144,12 @@ class ResidualSuppressor:
             np.maximum(spread[k:], SPREAD_GAIN * envelope[:-k], out=spread[k:])
             np.maximum(spread[:-k], SPREAD_GAIN * envelope[k:], out=spread[:-k])
         self._envelope = np.maximum(spread, TAIL_DECAY * self._envelope)
-        self._track_attenuation(
-            float(error.sum()), float(echo.sum()), far=far, worse=worse, cold=cold
-        )
-        residual = self.attenuation * self._envelope
+        if distrust:
+            residual = self._envelope.copy()
+        else:
+            self._track_attenuation(error, echo, far=far, cold=cold)
+            residual = np.repeat(self.attenuation, _WIDTHS) * self._envelope
+        residual[HIGH_BIN:] *= HIGH_OVER
         residual = np.maximum(residual, leak * echo)
         self.residual = residual
         gain = 1.0 - self._over * residual / (error + 1e-12)
@@ -132,49 +162,57 @@ class ResidualSuppressor:
         taps *= self._window
         response = np.fft.rfft(taps, n=_FFT)
         out = np.fft.irfft(spectrum * response, n=_FFT)[BLOCK:]
-        # What the frame holds beyond the predicted residual: nothing (all echo)
-        # leaves the room's noise, not the filter's leakage between bins.
-        kept = float(np.sum(np.maximum(0.0, error - self._over * residual)))
+        # What the frame holds beyond the predicted residual, band by band (a
+        # band's sum, not its bins': one bin of the residual often swings
+        # past its prediction), less what the suppression filter leaks into
+        # the band from its neighbours' residual: nothing (all echo) leaves the
+        # room's noise.
+        bands = np.add.reduceat(residual, _STARTS)
+        leaking = np.zeros_like(bands)
+        leaking[1:] += bands[:-1]
+        leaking[:-1] += bands[1:]
+        kept = (
+            np.add.reduceat(error, _STARTS) - self._over * bands - LEAK_SHARE * leaking
+        )
+        beyond = float(np.maximum(0.0, kept).sum())
         noise = float(self.noise.sum())
-        if kept <= noise + KEPT_SHARE * float(residual.sum()):
+        if beyond <= noise:
             level = float(np.dot(out, out)) * _FFT / 2 + 1e-12
             if level > noise:
                 out = out * np.sqrt(noise / level)
         return out
 
     def _track_attenuation(
-        self, error: float, echo: float, *, far: bool, worse: bool, cold: bool
+        self, error: np.ndarray, echo: np.ndarray, *, far: bool, cold: bool
     ) -> None:
-        """Follow the share of the echo the linear filter leaves (frame power ratio).
+        """Follow the share of the echo the linear filter leaves, per band.
 
-        Up at most ``RISE`` a frame, and only while the error stays within ``JUMP``
-        of the prediction (a user talking raises the ratio far more at once: that
-        is near end, not a worse filter), down slowly; all of it while cold, after
-        the path moved, or on a newly placed stretch of far end (``new_stretch``).
+        Measured while the far end plays, in bands where the filter's estimate
+        stands ``MEASURED`` over the room's noise (before the echo arrives the
+        estimate is the filter's noise, and the ratio says nothing). Up at most
+        ``RISE`` a frame, and only while the error stays within ``JUMP`` of the
+        prediction (a user talking raises the ratio far more at once: that is
+        near end, not a worse filter), down 0.4 dB: an upper quantile of what the
+        filter leaves, so the loud frames of the residual stay under it; all of
+        it while cold.
         """
-        if far and self._far_quiet >= ONSET_QUIET:
-            self._onset_frames = ONSET_FRAMES
-        self._far_quiet = 0 if far else self._far_quiet + 1
-        if cold or worse or self._new_stretch:
-            self.attenuation = 1.0
-            self._new_stretch = False
+        if cold:
+            self.attenuation[:] = 1.0
             return
-        if not far and not self._onset_frames:
+        if not far:
             return
-        if echo <= 4 * float(self.noise.sum()):
-            return
-        ratio = min(1.0, max(ATTENUATION_FLOOR, error / (echo + 1e-12)))
-        if self._onset_frames:
-            # The first echo after a silence is not cancelled as well as the
-            # steady echo (measured: 10-15 dB less for ~50 ms), however well
-            # placed: until the device's latency has passed, what is left counts.
-            self._onset_frames -= 1
-            if ratio > self.attenuation:
-                self.attenuation = ratio
-                return
-        if ratio > JUMP * self.attenuation:
-            return  # far more than the filter leaves: a user talking, not the echo
-        if ratio > self.attenuation:
-            self.attenuation = min(ratio, self.attenuation * RISE)
-        else:
-            self.attenuation = max(ratio, self.attenuation * FALL)
+        echo_bands = np.add.reduceat(echo, _STARTS)
+        noise_bands = np.add.reduceat(self.noise, _STARTS)
+        measured = echo_bands > MEASURED * noise_bands
+        # What the filter leaves, the room's noise taken out.
+        ratio = (np.add.reduceat(error, _STARTS) - noise_bands) / (echo_bands + 1e-12)
+        ratio = np.clip(ratio, ATTENUATION_FLOOR, 1.0)
+        attenuation = self.attenuation
+        # Far more than the filter leaves: a user talking, not the echo.
+        measured &= ratio <= JUMP * attenuation
+        moved = np.where(
+            ratio > attenuation,
+            np.minimum(ratio, attenuation * RISE),
+            np.maximum(ratio, attenuation * FALL),
+        )
+        self.attenuation = np.where(measured, moved, attenuation)
