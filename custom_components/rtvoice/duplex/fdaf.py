@@ -52,11 +52,14 @@ POWER_ALPHA = 0.35 / 30
 STEP_SCALE = 0.99
 CONSTRAIN_TURNS = 4
 COARSE_SCALE = 0.3
+COHERENCE_ALPHA = 0.02  # the coherence's smoothing per frame of far end
+COHERENCE_EVERY = 4  # frames of far end between its transfer functions
+TURN_EVERY = 4  # frames between turns of the filters by the drift
 # The coherence path's echo power counted by the residual suppressor: it spreads
 # each partition's echo over its neighbours (speech is alike from one 10 ms to
 # the next), so it overstates the echo by ~8 dB; this share of it is the
 # suppressor's safety net where the filter's own estimate falls short.
-COARSE_SHARE = 0.6
+COARSE_SHARE = 0.45
 MOVED = 5  # frames the filter made the mic clearly louder: its path moved
 LOUD = 1e-5  # a mic frame this loud (power, -50 dBFS) holds more than noise
 
@@ -84,25 +87,30 @@ class FdafCanceller:
             (2 * p, _BINS), dtype=np.complex128
         )  # spectra, doubled
         self._head = 0
-        self._w: np.ndarray = np.zeros(
-            (p, _BINS), dtype=np.complex128
-        )  # background (learning)
-        self._wf: np.ndarray = np.zeros(
-            (p, _BINS), dtype=np.complex128
-        )  # foreground (cancelling)
+        # Both filters in one array (one multiply filters with both): the
+        # background (learning) and the foreground (cancelling), as views.
+        self._filters: np.ndarray = np.zeros((2, p, _BINS), dtype=np.complex128)
+        self._w: np.ndarray = self._filters[0]
+        self._wf: np.ndarray = self._filters[1]
         self._last_x: np.ndarray = np.zeros(BLOCK)
         self._last_d: np.ndarray = np.zeros(BLOCK)
         self._cross: np.ndarray = np.zeros(
             (p, _BINS), dtype=np.complex128
         )  # mic x reference
         self._mic_power: np.ndarray = np.zeros(_BINS)
-        self._xpow: np.ndarray = np.zeros((p, _BINS))
+        # Per frame of reference, doubled like the spectra: its conjugate, its
+        # power, and its power smoothed over time (the coherence's denominator).
+        self._xc: np.ndarray = np.zeros((2 * p, _BINS), dtype=np.complex128)
+        self._xx: np.ndarray = np.zeros((2 * p, _BINS))
+        self._xs: np.ndarray = np.zeros((2 * p, _BINS))
+        self._smoothed: np.ndarray = np.zeros(_BINS)
         self._coarse: np.ndarray = np.zeros(_BINS)  # echo power now, from coherence
         self._gain: np.ndarray = np.zeros((p, _BINS))
         self._far_frames = 0
         self._decide_frames = 300
         self.coherence = 0.0
         self._coherent_frames = 0
+        self._coherence_frames = 0  # frames of far end the coherence has seen
         self._ratio = 1.0
         self._ratio_block = 1.0
         self._ratio_mins: list[float] = []
@@ -135,15 +143,16 @@ class FdafCanceller:
         # None until decided: True once the mic holds a coherent echo of the far
         # end, False after ``_decide_frames`` of far end without one (pass through).
         self.echo_found: bool | None = None
-        self._loudest: np.ndarray = np.zeros(_BINS)  # loudest reference, filter span
         self.aligner = StretchAligner()
         # The attenuation before the stretch (or move) to align.
         self._trusted: np.ndarray = self.suppressor.attenuation.copy()
         self._pair: np.ndarray = np.zeros((2, _FFT))
-        self._filtered: np.ndarray = np.zeros((2, _BINS), dtype=np.complex128)
-        self._padded: np.ndarray = np.zeros((2, _FFT))
+        self._rows: np.ndarray = np.zeros((5, _FFT))
+        self._last_out: np.ndarray = np.zeros(
+            BLOCK
+        )  # the last frame before suppression
         self.frames = 0
-        self._turn = 0  # the quarter of the partitions constrained next
+        self._turn = 0  # frames since the filter was last constrained
         self._weights: np.ndarray = np.full(self.partitions, 0.99 / self.partitions)
 
     @property
@@ -168,14 +177,16 @@ class FdafCanceller:
         pair[1, BLOCK:] = d
         spectrum, mic_spectrum = np.fft.rfft(pair, axis=1)
         self._last_d = d
-        self._x[self._head] = self._x[self._head + p] = spectrum
+        head = self._head
+        self._x[head] = self._x[head + p] = spectrum
+        self._xc[head] = self._xc[head + p] = spectrum.conj()
+        xx = spectrum.real**2 + spectrum.imag**2
+        self._xx[head] = self._xx[head + p] = xx
         self._last_x = x
-        window = self._x[self._head : self._head + p]  # newest partition first
+        window = self._x[head : head + p]  # newest partition first
         sxx = float(np.dot(x, x))
 
-        filtered = self._filtered
-        filtered[0] = (window * self._w).sum(axis=0)
-        filtered[1] = (window * self._wf).sum(axis=0)
+        filtered = (self._filters * window).sum(axis=1)
         y, yf = np.fft.irfft(filtered, n=_FFT, axis=1)[:, BLOCK:]
         e = d - y
         ef = d - yf
@@ -194,27 +205,6 @@ class FdafCanceller:
         if learn:
             self._two_paths(see, sff, sxx)
 
-        # Learning: the background filter.
-        padded = self._padded  # [0, e] and [0, y]
-        padded[0, BLOCK:] = e
-        padded[1, BLOCK:] = y
-        big_e, big_y = np.fft.rfft(padded, axis=1)
-        ee = big_e.real**2 + big_e.imag**2
-        yy = big_y.real**2 + big_y.imag**2
-        xx = spectrum.real**2 + spectrum.imag**2
-        self._power += POWER_ALPHA * (xx - self._power)
-        if learn:  # the far end plays: learn
-            step = self._step(e, y, ee, yy, see=see, syy=syy, sxx=sxx)
-            self._far_frames += 1
-            if self.frames % 4 == 1:
-                self._weights = self._proportions()
-            scaled = big_e * step / (self._power + 1e-9)
-            self._w += window.conj() * np.outer(self._weights, scaled)
-            self._constrain()
-            self._far_energy += sxx
-            self._echo_energy += float(np.dot(yf, yf))
-        self._coarse_echo(window, mic_spectrum, sff, learn=far)
-
         out = ef
         worse = False
         if far or self._worse:
@@ -231,22 +221,57 @@ class FdafCanceller:
             if self._moved >= MOVED:
                 self._align()
             if worse:
-                out = ef = d
+                out = d
+
+        # One FFT call for the learning ([0, e], [0, y]) and the suppressor
+        # ([last out, out], [0, yf], [0, out]).
+        rows = self._rows
+        rows[0, BLOCK:] = e
+        rows[1, BLOCK:] = y
+        rows[2, :BLOCK] = self._last_out
+        rows[2, BLOCK:] = out
+        rows[3, BLOCK:] = yf
+        rows[4, BLOCK:] = out
+        self._last_out = out
+        big_e, big_y, out_spectrum, big_yf, big_out = np.fft.rfft(rows, axis=1)
+
+        # Learning: the background filter.
+        ee = big_e.real**2 + big_e.imag**2
+        yy = big_y.real**2 + big_y.imag**2
+        self._power += POWER_ALPHA * (xx - self._power)
+        conj = self._xc[head : head + p]
+        if learn:  # the far end plays: learn
+            step = self._step(e, y, ee, yy, see=see, syy=syy, sxx=sxx)
+            self._far_frames += 1
+            if self.frames % 4 == 1:
+                self._weights = self._proportions()
+            scaled = big_e * step / (self._power + 1e-9)
+            update = conj * scaled
+            update *= self._weights[:, None]
+            self._w += update
+            self._constrain()
+            self._far_energy += sxx
+            self._echo_energy += float(np.dot(yf, yf))
+        if far:
+            self._smoothed += COHERENCE_ALPHA * (xx - self._smoothed)
+        self._xs[head] = self._xs[head + p] = self._smoothed
+        self._coarse_echo(conj, mic_spectrum, sff, learn=far)
+
         if self._suppress and self.echo_found is not False:
+            cold = not self.adapted or self.echo_found is not True
             out = self.suppressor.suppress(
-                ef,
-                yf,
+                out_spectrum,
+                big_yf,
+                big_out,
                 coarse=self._coarse * (COARSE_SHARE / COARSE_SCALE),
-                loudest=self._loudest,
+                loudest=self._loudest if cold else None,
                 leak=self.leak,
-                cold=not self.adapted or self.echo_found is not True,
+                cold=cold,
                 far=far,
                 # This frame's output is not the filter's (it made it louder),
                 # or the filter is off its path until aligned: all of it is echo.
                 distrust=worse or self.aligner.active,
             )
-        else:
-            self.suppressor.pass_through(ef)
         if not self.echo_found and self.coherence <= 0.3:
             return mic.copy()  # no echo here (yet): the mic as it came
         self._track_drift()
@@ -258,13 +283,11 @@ class FdafCanceller:
         Every second, the foreground filter's phase against its copy of a second
         ago gives the slide in samples (the phase slope over the bins below 4 kHz,
         weighted by the filter's energy); its smoothed rate then turns both filters
-        a little every frame, so the learning only has to fix what is left.
+        a little every ``TURN_EVERY`` frames (hundredths of a sample), so the
+        learning only has to fix what is left.
         """
-        w = self._w
-        if self._drift_turn:
-            rotation = self._rotation
-            w *= rotation
-            self._wf *= rotation
+        if self._drift_turn and self.frames % TURN_EVERY == 0:
+            self._filters *= self._rotation
         if self.frames % 100 or not self.echo_found:
             return
         snapshot = self._wf.copy()
@@ -277,13 +300,13 @@ class FdafCanceller:
             slide /= float(np.sum(weight * omega**2)) + 1e-12  # samples per second
             # The filters moved by the turning plus what learning added to it.
             self.drift += 0.5 * (float(np.clip(slide, -2.0, 2.0)) - self.drift)
-            per_frame = self.drift / 100
-            self._rotation = np.exp(-1j * np.pi * np.arange(_BINS) / BLOCK * per_frame)
+            per_turn = self.drift / 100 * TURN_EVERY
+            self._rotation = np.exp(-1j * np.pi * np.arange(_BINS) / BLOCK * per_turn)
             self._drift_turn = True
         self._snapshot = snapshot
 
     def _coarse_echo(
-        self, window: np.ndarray, mic_spectrum: np.ndarray, sff: float, *, learn: bool
+        self, conj: np.ndarray, mic_spectrum: np.ndarray, sff: float, *, learn: bool
     ) -> None:
         """Echo power the mic holds now, from its coherence with the reference.
 
@@ -293,32 +316,39 @@ class FdafCanceller:
         strongest partition says whether an echo reaches the mic at all
         (``echo_found``) and, scaled by what the linear filter leaves
         (``residual_ratio``), bounds the residual echo while the filter learns.
+        The transfer function changes slowly: it is worked out every
+        ``COHERENCE_EVERY`` frames of far end, its echo estimate every frame.
         """
-        xx = window.real**2 + window.imag**2
-        self._loudest = xx.max(axis=0) * 0.5  # [x, x] spectra hold twice [0, x]'s
+        head, p = self._head, self.partitions
+        xx = self._xx[head : head + p]
         if not learn:
-            self._coarse = (self._gain * xx).sum(
-                axis=0
-            ) * COARSE_SCALE  # the echo's tail
+            self._coarse = (self._gain * xx).sum(axis=0) * COARSE_SCALE  # the tail
             self.suppressor.track_noise(mic_spectrum.real**2 + mic_spectrum.imag**2)
             return
-        a = 0.02
-        self._cross += a * (mic_spectrum[None, :] * window.conj() - self._cross)
-        self._xpow += a * (xx - self._xpow)
+        a = COHERENCE_ALPHA
+        self._coherence_frames += 1
+        if self._coherence_frames % 2 == 0:  # every other frame, twice the step
+            cross = self._cross
+            cross *= 1.0 - 2 * a
+            cross += conj * (2 * a * mic_spectrum)
         mic_power = mic_spectrum.real**2 + mic_spectrum.imag**2
         self._mic_power += a * (mic_power - self._mic_power)
-        cross = self._cross.real**2 + self._cross.imag**2
-        self._gain = cross / (self._xpow**2 + 1e-12)  # |H|^2 per partition and bin
+        if self._coherence_frames % COHERENCE_EVERY == 0:
+            cross = self._cross
+            xpow = self._xs[head : head + p]
+            power = cross.real**2 + cross.imag**2
+            self._gain = power / (xpow**2 + 1e-12)  # |H|^2 per partition and bin
+            # Coherent share of the mic's power (the strongest partition).
+            share = float((power / (xpow + 1e-12)).max(axis=0).sum())
+            share /= float(self._mic_power.sum()) + 1e-12
+            self.coherence = share
+            coherent = self._coherent_frames + COHERENCE_EVERY
+            self._coherent_frames = coherent if share > 0.3 else 0
+            if self._coherent_frames >= 50:
+                self.echo_found = True
+            elif self.echo_found is None and self._far_frames >= self._decide_frames:
+                self.echo_found = False  # seconds of far end, never an echo: none
         self._coarse = (self._gain * xx).sum(axis=0) * COARSE_SCALE
-        # Coherent share of the mic's power (the strongest partition), and its trend.
-        share = float((cross / (self._xpow + 1e-12)).max(axis=0).sum())
-        share /= float(self._mic_power.sum()) + 1e-12
-        self.coherence = share
-        self._coherent_frames = self._coherent_frames + 1 if share > 0.3 else 0
-        if self._coherent_frames >= 50:
-            self.echo_found = True
-        elif self.echo_found is None and self._far_frames >= self._decide_frames:
-            self.echo_found = False  # seconds of far end, never an echo: none here
         # What the linear filter leaves of the mic: the minimum of its smoothed
         # ratio over 2 s (the user only ever raises it).
         smm = float(mic_power.sum()) / _FFT + 1e-12
@@ -328,6 +358,11 @@ class FdafCanceller:
             self._ratio_mins = [*self._ratio_mins[-3:], self._ratio_block]
             self._ratio_block = 1.0
         self.residual_ratio = min([self._ratio_block, *self._ratio_mins])
+
+    def _loudest(self) -> np.ndarray:
+        """Return the loudest reference power per bin over the filter's span ([0, x])."""
+        head, p = self._head, self.partitions
+        return np.asarray(self._xx[head : head + p].max(axis=0) * 0.5)
 
     def new_stretch(self) -> None:
         """Say the reference from the next frame on was placed anew (a few ms off).
@@ -350,8 +385,8 @@ class FdafCanceller:
         if abs(found.lag) < 0.25:
             self.suppressor.attenuation = self._trusted.copy()  # nothing moved
             return
-        self._w = shift_taps(self._w, found.lag)
-        self._wf = shift_taps(self._wf, found.lag)
+        self._w[:] = shift_taps(self._w, found.lag)
+        self._wf[:] = shift_taps(self._wf, found.lag)
         self._snapshot = None  # the drift's reference: the filter moved
         self.suppressor.attenuation = np.clip(
             self._trusted, max(found.residual, ATTENUATION_FLOOR), 1.0
@@ -367,21 +402,18 @@ class FdafCanceller:
         return self.echo_found and self.residual_ratio > 0.1
 
     def _constrain(self) -> None:
-        """Keep a quarter of the partitions causal and one block long, in turn.
+        """Keep the partitions causal and one block long, every fourth frame.
 
-        The gradient constraint of the overlap-save filter, spread over frames as
-        Speex's AUMDF does: the whole filter is constrained every fourth frame.
+        The gradient constraint of the overlap-save filter, as often for each
+        partition as Speex's AUMDF (which does a quarter every frame), all at once:
+        numpy's cost is per call, not per row.
         """
-        p = self.partitions
-        share = -(-p // CONSTRAIN_TURNS)
-        start = self._turn * share
         self._turn = (self._turn + 1) % CONSTRAIN_TURNS
-        rows = slice(start, min(p, start + share))
-        if rows.start >= p:
+        if self._turn:
             return
-        taps = np.fft.irfft(self._w[rows], n=_FFT, axis=1)
+        taps = np.fft.irfft(self._w, n=_FFT, axis=1)
         taps[:, BLOCK:] = 0.0
-        self._w[rows] = np.fft.rfft(taps, axis=1)
+        self._w[:] = np.fft.rfft(taps, axis=1)
 
     def _proportions(self) -> np.ndarray:
         """Share the step among partitions by their weight (proportionate MDF).

@@ -8,7 +8,7 @@ linear filter leaves in that
 band (the attenuation, followed per band: the filter leaves far more at high
 frequencies, where the speaker distorts and a fraction of a sample of drift
 counts). The attenuation follows an upper quantile of what the filter is seen
-to leave frame by frame (up 1 dB a frame, down 0.4 dB: about the 70th
+to leave frame by frame (up 0.5 dB a frame, down 0.2 dB: about the 70th
 percentile), not its median: the residual of a frame swings ±10 dB around it,
 and the onset gate must not open on the loud ones. Above 4 kHz (fricatives, the
 speaker's distortion) the prediction is four times over. Bins no louder than
@@ -28,6 +28,8 @@ and while the filter waits to be aligned on a new stretch (``align.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 BLOCK = 160  # 10 ms at 16 kHz
@@ -41,10 +43,10 @@ SPREAD_GAIN = 0.5  # at this share of their power
 # residual (measured: p99 -16 dB of the residual, at the band edges).
 LEAK_SHARE = 0.03
 COLD_GAIN = 8.0  # echo power over the loudest reference, assumed while cold
-TAIL_DECAY = 0.7  # per frame: the residual prediction's reverberant tail
+TAIL_DECAY = 0.6  # per frame: the residual prediction's reverberant tail
 ATTENUATION_FLOOR = 0.003  # the linear filter never leaves less than this
-RISE = 10 ** (1.0 / 10)  # the attenuation's rise per frame (1 dB)
-FALL = 10 ** (-0.4 / 10)  # and its fall (0.4 dB): an upper quantile
+RISE = 10 ** (0.5 / 10)  # the attenuation's rise per frame
+FALL = 10 ** (-0.2 / 10)  # and its fall: an upper quantile
 HIGH_BIN = 80  # 4 kHz: above it the prediction is HIGH_OVER times over
 HIGH_OVER = 4.0
 JUMP = 4.0  # error this far over the prediction is near-end speech
@@ -58,6 +60,26 @@ NOISE_SMOOTH = 0.8  # the mic's power per bin is smoothed over frames (this pole
 # The smoothed power's minimum (down fast, up 0.2 % a frame) lies this far under
 # its mean (measured: -2.6 dB for Gaussian noise).
 NOISE_BIAS = 10 ** (2.6 / 10)
+# Neighbouring bins' weights in the spread (the bin itself weighs 1).
+_SPREAD = np.array([SPREAD_GAIN] * SPREAD_BINS + [1.0] + [SPREAD_GAIN] * SPREAD_BINS)
+
+
+def _gain_response() -> np.ndarray:
+    """Gains per bin to the short linear-phase filter's response, as one matrix.
+
+    Row ``i`` is the response of the 65-tap Hann-windowed filter made from a gain
+    of 1 in bin ``i`` (irfft, centred, windowed, rfft); the response is linear in
+    the gains, so one matrix product replaces three FFTs (numpy's cost is per
+    call). Real and imaginary parts interleave: the product views as complex.
+    """
+    taps = np.fft.irfft(np.eye(_BINS), n=_FFT, axis=1)
+    taps = np.concatenate([taps[:, -_GAIN_TAPS:], taps[:, : _GAIN_TAPS + 1]], axis=1)
+    taps *= np.hanning(2 * _GAIN_TAPS + 1)
+    response = np.fft.rfft(taps, n=_FFT, axis=1)
+    return np.ascontiguousarray(response).view(np.float64)
+
+
+_RESPONSE = _gain_response()
 
 
 class ResidualSuppressor:
@@ -76,9 +98,11 @@ class ResidualSuppressor:
         self.attenuation: np.ndarray = np.ones(len(_WIDTHS))
         self._smoothed: np.ndarray | None = None  # the mic's power, smoothed
         self._minimum: np.ndarray = np.full(_BINS, 1e-3)  # and its minimum
-        self._window: np.ndarray = np.hanning(2 * _GAIN_TAPS + 1)
-        self._rows: np.ndarray = np.zeros((3, _FFT))
-        self._last_e: np.ndarray = np.zeros(BLOCK)
+        self._padded: np.ndarray = np.zeros(_BINS + 2 * SPREAD_BINS)
+        # Each bin with its neighbours (a view: it follows the padded envelope).
+        self._around: np.ndarray = np.lib.stride_tricks.sliding_window_view(
+            self._padded, len(_SPREAD)
+        )
 
     def track_noise(self, power: np.ndarray) -> None:
         """Track the mic's noise floor per bin: down with quiet frames, creeping up.
@@ -98,51 +122,41 @@ class ResidualSuppressor:
         # The [0, e] spectra the suppressor compares against hold half the power.
         self.noise = 0.5 * NOISE_BIAS * self._minimum
 
-    def pass_through(self, ef: np.ndarray) -> None:
-        """Note a frame the suppressor did not see (it needs the last output)."""
-        self._last_e = ef
-
     def suppress(
         self,
-        ef: np.ndarray,
-        yf: np.ndarray,
+        spectrum: np.ndarray,
+        big_yf: np.ndarray,
+        big_ef: np.ndarray,
         *,
         coarse: np.ndarray,
-        loudest: np.ndarray,
+        loudest: Callable[[], np.ndarray] | None,
         leak: float,
         cold: bool,
         far: bool,
         distrust: bool,
     ) -> np.ndarray:
-        """Attenuate each bin of ``ef`` by its predicted residual echo, instantly.
+        """Attenuate each bin of the filter's output by its residual echo, instantly.
 
-        ``yf``: the filter's echo estimate; ``coarse``: the echo's power per bin
-        through the coherence path; ``loudest``: the loudest reference power per
-        bin over the filter's span (the echo's bound while ``cold``); ``leak``: the
+        ``spectrum``: the output's last two frames (the newest is returned,
+        suppressed); ``big_yf`` and ``big_ef``: the filter's echo estimate and its
+        output, each as [0, frame] spectra; ``coarse``: the echo's power per bin
+        through the coherence path; ``loudest``: gives the loudest reference power
+        per bin over the filter's span (the echo's bound while ``cold``); ``leak``: the
         share of the estimate's power the error holds; ``distrust``: take all of
         this frame's echo as residual (the filter is off its path), and learn
         nothing of what it leaves.
         """
-        rows = self._rows  # [last e, e], [0, yf], [0, e]
-        rows[0, :BLOCK] = self._last_e
-        rows[0, BLOCK:] = ef
-        rows[1, BLOCK:] = yf
-        rows[2, BLOCK:] = ef
-        self._last_e = ef
-        spectrum, big_yf, big_ef = np.fft.rfft(rows, axis=1)
         echo = big_yf.real**2 + big_yf.imag**2
         error = big_ef.real**2 + big_ef.imag**2
         envelope = np.maximum(echo, coarse)
-        if cold:
+        if cold and loudest is not None:
             # No path learnt yet: any delay of the filter's span, at a
             # conservative gain (the echo may be louder than the reference).
-            envelope = np.maximum(envelope, COLD_GAIN * loudest)
+            envelope = np.maximum(envelope, COLD_GAIN * loudest())
         # Spread over neighbouring bins: a bin the estimate misses (a weak
         # reference there, the speaker's distortion) is covered by its neighbours.
-        spread = envelope.copy()
-        for k in range(1, SPREAD_BINS + 1):
-            np.maximum(spread[k:], SPREAD_GAIN * envelope[:-k], out=spread[k:])
-            np.maximum(spread[:-k], SPREAD_GAIN * envelope[k:], out=spread[:-k])
+        self._padded[SPREAD_BINS:-SPREAD_BINS] = envelope
+        spread = (self._around * _SPREAD).max(axis=1)
         self._envelope = np.maximum(spread, TAIL_DECAY * self._envelope)
         if distrust:
             residual = self._envelope.copy()
@@ -157,10 +171,7 @@ class ResidualSuppressor:
         floor = np.sqrt(self.noise / (error + 1e-12))
         gain = np.clip(gain, np.maximum(self._min_gain, np.minimum(floor, 1.0)), 1.0)
         # The gain as a short linear-phase filter: 2 ms late, no block artefacts.
-        taps = np.fft.irfft(gain, n=_FFT)
-        taps = np.concatenate([taps[-_GAIN_TAPS:], taps[: _GAIN_TAPS + 1]])
-        taps *= self._window
-        response = np.fft.rfft(taps, n=_FFT)
+        response = (gain @ _RESPONSE).view(np.complex128)
         out = np.fft.irfft(spectrum * response, n=_FFT)[BLOCK:]
         # What the frame holds beyond the predicted residual, band by band (a
         # band's sum, not its bins': one bin of the residual often swings
@@ -192,7 +203,7 @@ class ResidualSuppressor:
         estimate is the filter's noise, and the ratio says nothing). Up at most
         ``RISE`` a frame, and only while the error stays within ``JUMP`` of the
         prediction (a user talking raises the ratio far more at once: that is
-        near end, not a worse filter), down 0.4 dB: an upper quantile of what the
+        near end, not a worse filter), down 0.2 dB: an upper quantile of what the
         filter leaves, so the loud frames of the residual stay under it; all of
         it while cold.
         """
