@@ -33,7 +33,9 @@ filter (MDF, Soo & Pang 1990) as Speex runs it, in numpy:
 - **No echo, no harm**: when the filter finds no echo path (a board that cancels its
   own echo), ``echo_found`` stays False and the mic passes through untouched.
 
-Blocking, ~0.1–0.2 ms of CPU per 10 ms frame: run it on the stream's DSP worker.
+Blocking, ~0.4–0.6 ms of CPU per 10 ms frame (docs/benchmarks.md, "Echo
+cancellation in real rooms"): run it on the stream's DSP worker. numpy's cost at
+320 points is per call, not per element: the code batches rows into one call.
 """
 
 from __future__ import annotations
