@@ -351,3 +351,30 @@ async def test_a_user_right_after_a_new_stretch_pauses_the_answer(clip) -> None:
     assert result.onset_to_pause_ms is not None
     assert result.onset_to_pause_ms <= 150
     assert result.pushes == 1
+
+
+def test_with_no_reference_in_its_span_the_mic_passes_as_through_the_full_path(
+    answer, user
+) -> None:
+    """The far end silent for longer than the filter's span: the user passes as-is.
+
+    The canceller skips its work there (most of a conversation), and what comes
+    out is what its full path gives: the mic, 2 ms late (the suppressor's filter);
+    the room's noise floor is followed all the same.
+    """
+    far = np.concatenate([answer[: 6 * 16000], np.zeros(3 * 16000)])
+    near_at = 6 * 100 + 80  # the user starts 0.8 s into the silence
+    outputs, floors = [], []
+    for skip in (True, False):
+        aec = FdafCanceller()
+        if not skip:
+            aec.suppressor.quiet = lambda: False  # type: ignore[method-assign]
+        _, _, mic, out = run(ROOM, far, near=user, near_at=near_at, canceller=aec)
+        outputs.append(out)
+        floors.append(aec.suppressor.noise.sum())
+    quiet = slice((6 * 100 + 60) * STEP, len(far))  # the echo's tail has died
+    fast, full = outputs[0][quiet], outputs[1][quiet]
+    assert db(fast) > 40  # the user is there
+    assert db(fast - full) - db(full) < -40
+    assert db(fast - np.roll(mic, 32)[quiet]) - db(full) < -40  # the mic, 2 ms late
+    assert floors[0] == pytest.approx(floors[1], rel=1e-6)

@@ -49,6 +49,7 @@ BLOCK = 160  # 10 ms at 16 kHz
 _FFT = 2 * BLOCK
 _BINS = BLOCK + 1
 _INT16 = 32768.0
+_GAIN_DELAY = 32  # samples: the suppression filter's latency (2 ms)
 _LOW_BINS = 81  # bins below 4 kHz: the drift's phase slope without wrapping
 POWER_ALPHA = 0.35 / 30
 STEP_SCALE = 0.99
@@ -150,9 +151,8 @@ class FdafCanceller:
         self._trusted: np.ndarray = self.suppressor.attenuation.copy()
         self._pair: np.ndarray = np.zeros((2, _FFT))
         self._rows: np.ndarray = np.zeros((5, _FFT))
-        self._last_out: np.ndarray = np.zeros(
-            BLOCK
-        )  # the last frame before suppression
+        self._last_out: np.ndarray = np.zeros(BLOCK)  # the last, before suppression
+        self._silent_run = 0  # frames since the reference last held sound
         self.frames = 0
         self._turn = 0  # frames since the filter was last constrained
         self._weights: np.ndarray = np.full(self.partitions, 0.99 / self.partitions)
@@ -187,6 +187,15 @@ class FdafCanceller:
         self._last_x = x
         window = self._x[head : head + p]  # newest partition first
         sxx = float(np.dot(x, x))
+        far = sxx > BLOCK * 1e-7
+        self._silent_run = 0 if far else self._silent_run + 1
+        if (
+            self._silent_run > p  # the filter's whole span holds no reference
+            and not self._worse
+            and not self.aligner.active
+            and self.suppressor.quiet()
+        ):
+            return self._without_echo(mic, d, mic_spectrum, xx)
 
         filtered = (self._filters * window).sum(axis=1)
         y, yf = np.fft.irfft(filtered, n=_FFT, axis=1)[:, BLOCK:]
@@ -195,7 +204,6 @@ class FdafCanceller:
         see = float(np.dot(e, e))
         sff = float(np.dot(ef, ef))
         syy = float(np.dot(y, y))
-        far = sxx > BLOCK * 1e-7
         aligning = self.aligner.active
         if aligning:
             found = self.aligner.feed(d, yf, floor=BLOCK * 1e-6)
@@ -278,6 +286,31 @@ class FdafCanceller:
             return mic.copy()  # no echo here (yet): the mic as it came
         self._track_drift()
         return np.asarray(out * _INT16, dtype=np.float64)
+
+    def _without_echo(
+        self, mic: np.ndarray, d: np.ndarray, mic_spectrum: np.ndarray, xx: np.ndarray
+    ) -> np.ndarray:
+        """Pass a frame with no reference in the filter's span: no echo, nothing to learn.
+
+        The filter's estimate is exactly zero, so the mic passes (2 ms late, as
+        through the suppressor with nothing to suppress); the noise floor and
+        the drift's turns go on. Most of a conversation is this (the user
+        talking, the model thinking): it costs a fraction of a frame with echo.
+        """
+        head, p = self._head, self.partitions
+        self._power += POWER_ALPHA * (xx - self._power)
+        self._xs[head] = self._xs[head + p] = self._smoothed
+        self.suppressor.track_noise(mic_spectrum.real**2 + mic_spectrum.imag**2)
+        self.suppressor.decay()
+        self._coarse[:] = 0.0
+        late = np.concatenate([self._last_out[BLOCK - _GAIN_DELAY :], d[:-_GAIN_DELAY]])
+        self._last_out = d
+        self._track_drift()
+        if not self.echo_found and self.coherence <= 0.3:
+            return mic.copy()  # no echo here (yet): the mic as it came
+        if not self._suppress or self.echo_found is False:
+            return mic.copy()
+        return np.asarray(late * _INT16, dtype=np.float64)
 
     def _track_drift(self) -> None:
         """Follow the echo path sliding against the reference (two crystals).

@@ -104,6 +104,14 @@ class ResidualSuppressor:
             self._padded, len(_SPREAD)
         )
 
+    def quiet(self) -> bool:
+        """Return True when no residual echo is predicted any more (its tail died)."""
+        return float(self._envelope.sum()) <= 1e-3 * float(self.noise.sum())
+
+    def decay(self) -> None:
+        """Let the predicted tail die down over a frame the suppressor does not see."""
+        self._envelope *= TAIL_DECAY
+
     def track_noise(self, power: np.ndarray) -> None:
         """Track the mic's noise floor per bin: down with quiet frames, creeping up.
 
