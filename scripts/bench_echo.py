@@ -12,14 +12,16 @@ answer and the user are espeak-ng speech. Per ratio and canceller:
   pymicro-vad → a fake STT that hears words in anything) plays answers with no user;
   every push is a self-interruption;
 - onset → pause p50/p99 over barge-ins at +10 dB (and misses: no pause at all);
-- false barge-ins per hour of answers with the TV on (pauses with no user);
+- false barge-ins per hour of answers with the TV on (pauses with no user), and
+  barge-ins with the TV on (a user 5 dB over it);
 - CPU per stream: the canceller's own time per second of audio, and the whole
   mic DSP (canceller + gate + VAD) per second.
 
 Our canceller keeps what it learned from one answer to the next in the same room
 (as the product does per satellite); the first answer in each room is cold. AEC3
-starts fresh each answer (as the product makes one per conversation). Run from the
-repository root:
+starts fresh each answer (as the product makes one per conversation). The onset
+gate's room level (how loud the room gets by itself) is kept across the answers of
+a room, as the satellite keeps it. Run from the repository root:
 
     .venv/bin/python scripts/bench_echo.py [--quick]
 """
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from custom_components.rtvoice.duplex.echo import EchoCanceller, unavailable_reason
 from custom_components.rtvoice.duplex.fdaf import FdafCanceller
+from custom_components.rtvoice.duplex.gate import RoomLevel
 from tests.duplex.echo_sim import SENTENCES, run_answer
 from tests.duplex.room import STEP, RealRoom, RoomSpec, background_signal, grid
 from tests.peers.speech import speak
@@ -128,6 +131,7 @@ async def answers(
         if device_reference:  # the device's reference: one clock with its mic
             spec = replace(spec, skew_ppm=0.0)
         learned: list[FdafCanceller] = []
+        room_level = RoomLevel()  # the satellite's, across its conversations
         for k in range(per_room):
             background = None
             if spec.background is not None:
@@ -142,10 +146,21 @@ async def answers(
                 seed=k,
                 room=room,
                 device_reference=device_reference,
+                room_level=room_level,
                 **{key: (v(k) if callable(v) else v) for key, v in kwargs.items()},
             )
             runs.append(run)
     return runs
+
+
+def barge_figures(runs: list) -> str:
+    """Onset → pause p50 | p90 | p99 | missed, as table cells."""
+    latencies = [r.onset_to_pause_ms for r in runs if r.onset_to_pause_ms]
+    missed = sum(r.onset_to_pause_ms is None for r in runs)
+    cells = [
+        f"{pct(latencies, q):.0f} ms" if latencies else "–" for q in (0.5, 0.9, 0.99)
+    ]
+    return " | ".join([*cells, str(missed)])
 
 
 async def main(quick: bool, smoke: bool) -> None:
@@ -156,6 +171,7 @@ async def main(quick: bool, smoke: bool) -> None:
     rooms = 1 if smoke else 2
     per_room = 1 if smoke else 2
     barge_per_room = 1 if smoke else 6 if quick else 25
+    tv_per_room = 1 if smoke else 4
     ratios = (10.0,) if smoke else RATIOS
     clips = {s: speak(s, lead_ms=0, tail_ms=150) for s in SENTENCES}
     users = [speak(t, voice=v, lead_ms=0, tail_ms=300) for t, v in USERS]
@@ -201,8 +217,10 @@ async def main(quick: bool, smoke: bool) -> None:
                 f" ({sum(p > 0 for p in cold)} of {len(cold)} cold) |"
             )
     print()
-    print("| canceller | barge-ins at +10 dB | onset → pause p50 | p99 | missed |")
-    print("|---|---|---|---|---|")
+    print(
+        "| canceller | barge-ins at +10 dB | onset → pause p50 | p90 | p99 | missed |"
+    )
+    print("|---|---|---|---|---|---|")
     specs = grid((10.0,), rooms=rooms)
     for engine in [*(e for e in engines if e != "none"), REFERENCED]:
         runs = await answers(
@@ -213,14 +231,11 @@ async def main(quick: bool, smoke: bool) -> None:
             user=lambda k: users[k % len(users)],
             user_at_ms=lambda k: 1500 + 130 * (k % 11),
         )
-        latencies = [r.onset_to_pause_ms for r in runs if r.onset_to_pause_ms]
-        missed = sum(r.onset_to_pause_ms is None for r in runs)
-        p50 = f"{pct(latencies, 0.5):.0f} ms" if latencies else "–"
-        p99 = f"{pct(latencies, 0.99):.0f} ms" if latencies else "–"
-        print(f"| {engine} | {len(runs)} | {p50} | {p99} | {missed} |")
+        print(f"| {engine} | {len(runs)} | {barge_figures(runs)} |")
     print()
     print(
-        "| canceller | TV on (0 dB, TV −5 dB under the user) | false barge-ins per hour |"
+        "| canceller | TV on (0 dB, TV −5 dB under the user), no user"
+        " | false barge-ins per hour |"
     )
     print("|---|---|---|")
     specs = [
@@ -228,13 +243,33 @@ async def main(quick: bool, smoke: bool) -> None:
         for s in grid((0.0,), rooms=rooms)
     ]
     for engine in engines:
-        runs = await answers(specs, engine, clips, per_room)
+        runs = await answers(specs, engine, clips, tv_per_room)
         seconds = sum(r.mic_seconds for r in runs)
         false = sum(r.pauses + r.pushes for r in runs)
+        cold = sum(
+            runs[i].pauses + runs[i].pushes for i in range(0, len(runs), tv_per_room)
+        )
         print(
             f"| {engine} | {len(runs)} answers, {seconds:.0f} s"
-            f" | {3600 * false / seconds:.0f} ({false} pauses or pushes) |"
+            f" | {3600 * false / seconds:.0f} ({false} pauses or pushes,"
+            f" {cold} in the first answer of a room) |"
         )
+    print()
+    print(
+        "| canceller | barge-ins with the TV on (0 dB, TV −5 dB under the user)"
+        " | onset → pause p50 | p90 | p99 | missed |"
+    )
+    print("|---|---|---|---|---|---|")
+    for engine in [e for e in engines if e != "none"]:
+        runs = await answers(
+            specs,
+            engine,
+            clips,
+            barge_per_room // 2 if not smoke else 1,
+            user=lambda k: users[k % len(users)],
+            user_at_ms=lambda k: 1500 + 130 * (k % 11),
+        )
+        print(f"| {engine} | {len(runs)} | {barge_figures(runs)} |")
     print()
     print(
         "| canceller | canceller CPU per stream | whole mic DSP per stream | 20 streams |"

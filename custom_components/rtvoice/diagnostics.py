@@ -185,6 +185,8 @@ def _session(session: DuplexSession) -> dict[str, Any]:
         "wake_interrupts": stats.wake_interrupts,
         "dropped_utterances": stats.dropped_utterances,
         "echo_utterances": stats.echo_utterances,
+        "room_utterances": stats.room_utterances,
+        "room_level_dbfs": session.gate.room.level,
         "stt_errors": stats.stt_errors,
         "stt_dropped": stats.stt_dropped,
         "tts_errors": stats.tts_errors,

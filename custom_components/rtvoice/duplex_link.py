@@ -43,6 +43,7 @@ from .duplex import (
     EchoCanceller,
     KernelChild,
     Recogniser,
+    RoomLevel,
     SendFrame,
     SessionState,
     SpeechToText,
@@ -139,6 +140,9 @@ class DuplexBinding:
     # Once per link: vad mode without echo cancellation, and the mic hears the
     # answers (duplex/self_hearing.py). HA raises a repair.
     on_hears_itself: Callable[[], None] | None = None
+    # How loud the satellite's room gets by itself (a TV), learnt while answers
+    # play; every session's onset gate judges over it (duplex/gate.py).
+    room: RoomLevel = field(default_factory=RoomLevel)
 
     def prompt(self) -> str:
         """Return the system prompt of a conversation opening now."""
@@ -326,6 +330,7 @@ class DuplexConversation:
             options=binding.options,
             segmenter=self._segmenter,
             echo=binding.echo() if binding.echo is not None else None,
+            room=binding.room,
             on_end=self._session_ended,
             on_state=self._on_state,
             dsp=self.dsp,

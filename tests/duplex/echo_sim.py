@@ -238,13 +238,16 @@ async def run_answer(
     room: object | None = None,
     echo: object | None = None,
     device_reference: bool = False,
+    room_level: object | None = None,
 ) -> AnswerRun:
     """Play one answer in a simulated room, optionally with the user talking over it.
 
     ``room``: a room with ``mic_step`` (``tests.duplex.room.RealRoom``) instead of
     this module's ``Room``; ``echo``: a canceller to use (kept across answers by a
     benchmark) instead of a fresh one of ``engine``; ``device_reference``: the
-    device sends what it played as a second channel (``MULTI_CHANNEL_AUDIO``).
+    device sends what it played as a second channel (``MULTI_CHANNEL_AUDIO``);
+    ``room_level``: the satellite's ``RoomLevel`` (kept across answers, as the
+    product keeps it across conversations).
     """
     import time  # noqa: PLC0415
 
@@ -274,6 +277,7 @@ async def run_answer(
         if aec
         else None,
         echo_gate=echo_gate,
+        room=room_level,  # type: ignore[arg-type]
         options=DuplexOptions(end_silence_ms=0),
     )
     if room is None:

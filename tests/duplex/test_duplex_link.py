@@ -170,6 +170,21 @@ async def test_a_wake_word_after_the_silence_resumes_the_same_child(rig: Rig) ->
     assert not conversation.resume()
 
 
+async def test_every_session_judges_over_the_satellites_room(rig: Rig) -> None:
+    """The room's own loudness (a TV) is the satellite's: each session's gate uses it.
+
+    It is learnt while answers play and must outlive the session and the
+    conversation, or every new conversation would start deaf to the TV's level.
+    """
+    conversation = await rig.open()
+    assert conversation.session.gate.room is rig.binding.room
+    await rig.turn(conversation, "hello")
+    assert conversation.resume()
+    assert conversation.session.gate.room is rig.binding.room
+    with_binding(rig, system_prompt="another")  # the adapter replaces the binding
+    assert rig.binding.room is conversation.binding.room
+
+
 async def test_the_idle_timeout_closes_the_child_once(rig: Rig) -> None:
     """No wake word within idle_timeout_s: on_close, hand-off once, resume refused."""
     with_binding(rig, idle_timeout_s=0.01)

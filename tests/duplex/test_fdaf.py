@@ -275,3 +275,106 @@ async def test_an_answer_in_a_loud_echo_room_does_not_interrupt_itself(clip) -> 
             sentences=SENTENCES[:2],
         )
         assert (run.pushes, run.pauses) == (0, 0)
+
+
+def test_a_new_stretch_placed_a_few_samples_off_is_cancelled_at_once(answer) -> None:
+    """A stretch placed 3 samples late: found on its first echo, the filter moved.
+
+    The first answer teaches the filter its path; the second is placed on the
+    mic's time line 3 samples (0.2 ms) later than the device plays it, as a new
+    stretch: from its first echo on the linear filter cancels as before (~16 dB
+    in this young filter; 1-9 dB for the first second if it is not moved).
+    """
+    spec = replace(ROOM, skew_ppm=0.0)
+    room = RealRoom(spec)
+    aec = FdafCanceller(suppress=False)
+    first = answer[: 9 * 16000]
+    second = answer[9 * 16000 :]
+    lag = 3
+    played = np.concatenate([first, np.zeros(60 * STEP), second])
+    placed = np.concatenate([first, np.zeros(60 * STEP + lag), second[:-lag]])
+    starts = len(first) // STEP + 60
+    outs = []
+    for i in range(len(played) // STEP):
+        if i == starts:
+            aec.new_stretch()
+        mic = samples(room.mic_step(played[i * STEP : (i + 1) * STEP]))
+        outs.append(aec.process(mic, placed[i * STEP : (i + 1) * STEP]))
+    out = np.concatenate(outs)
+    echo = np.concatenate(room.echo_part)
+    assert aec.aligner.found[-1] == pytest.approx(-lag, abs=0.3)  # echo comes earlier
+    soon = slice((starts + 10) * STEP, (starts + 40) * STEP)  # its first 0.3 s
+    assert db(echo[soon]) - db(out[soon]) > 14
+
+
+def test_the_noise_floor_is_the_rooms(answer) -> None:
+    """The suppressor's noise floor is the mic's own noise (±3 dB), not far under it.
+
+    Frames with nothing beyond the residual are put at this floor, and the onset
+    gate measures speech against it: too low a floor makes residual echo an onset.
+    """
+    spec = replace(ROOM, noise_dbfs=-60.0)
+    room, aec, mic, _ = run(spec, answer[: 8 * 16000])
+    # Its [0, e] spectra of one frame hold STEP times the frame's energy.
+    noise = STEP * STEP * 10 ** (-60.0 / 10)
+    floor = float(aec.suppressor.noise.sum())
+    assert 10 * np.log10(floor / noise) == pytest.approx(0.0, abs=3.0)
+
+
+async def test_a_user_right_after_a_new_stretch_pauses_the_answer(clip) -> None:
+    """Over the echo of a new answer (a new stretch), the user is heard at once.
+
+    The second answer in a +10 dB room is placed anew; the user starts as its
+    second sentence begins (the first echo after a silence): the answer pauses
+    within 150 ms of the user's onset (mic time; 90 ms measured), and the user's
+    words cut it. (Before the stretch was aligned, the suppressor held all of
+    the echo as residual there and this user was not heard at all.)
+    """
+    clips = {s: clip(s, lead_ms=0, tail_ms=150) for s in SENTENCES}
+    spec = replace(ROOM, echo_to_user_db=10.0)
+    user_clip = clip("no wait, turn it off", voice="en-gb+f3", lead_ms=0, tail_ms=300)
+    echo = EchoCanceller()
+    await run_answer(
+        clips, aec=True, echo=echo, delay_ms=0, seed=0, room=RealRoom(spec)
+    )
+    echo = EchoCanceller(learned=echo.fdaf)
+    result = await run_answer(
+        clips,
+        aec=True,
+        echo=echo,
+        delay_ms=0,
+        seed=1,
+        room=RealRoom(spec),
+        user=user_clip,
+        user_at_ms=2280,
+    )
+    assert result.onset_to_pause_ms is not None
+    assert result.onset_to_pause_ms <= 150
+    assert result.pushes == 1
+
+
+def test_with_no_reference_in_its_span_the_mic_passes_as_through_the_full_path(
+    answer, user
+) -> None:
+    """The far end silent for longer than the filter's span: the user passes as-is.
+
+    The canceller skips its work there (most of a conversation), and what comes
+    out is what its full path gives: the mic, 2 ms late (the suppressor's filter);
+    the room's noise floor is followed all the same.
+    """
+    far = np.concatenate([answer[: 6 * 16000], np.zeros(3 * 16000)])
+    near_at = 6 * 100 + 80  # the user starts 0.8 s into the silence
+    outputs, floors = [], []
+    for skip in (True, False):
+        aec = FdafCanceller()
+        if not skip:
+            aec.suppressor.quiet = lambda: False  # type: ignore[method-assign]
+        _, _, mic, out = run(ROOM, far, near=user, near_at=near_at, canceller=aec)
+        outputs.append(out)
+        floors.append(aec.suppressor.noise.sum())
+    quiet = slice((6 * 100 + 60) * STEP, len(far))  # the echo's tail has died
+    fast, full = outputs[0][quiet], outputs[1][quiet]
+    assert db(fast) > 40  # the user is there
+    assert db(fast - full) - db(full) < -40
+    assert db(fast - np.roll(mic, 32)[quiet]) - db(full) < -40  # the mic, 2 ms late
+    assert floors[0] == pytest.approx(floors[1], rel=1e-6)

@@ -46,7 +46,7 @@ from .echo import (
     EchoCanceller,
     unavailable_reason as echo_unavailable_reason,
 )
-from .gate import GateEvent, OnsetGate
+from .gate import GateEvent, OnsetGate, RoomLevel
 from .heard import HeardLedger
 from .player import PacedPlayer, PlayerState
 from .segmenter import (
@@ -85,6 +85,7 @@ __all__ = [
     "PacedPlayer",
     "PlayerState",
     "Recogniser",
+    "RoomLevel",
     "SendFrame",
     "Sentence",
     "SentenceSplitter",

@@ -78,7 +78,7 @@ def _aec3_unavailable_reason() -> str | None:
 
 
 class EchoCanceller:
-    """One echo canceller for one stream. Blocking calls, ~0.1-0.3 ms per 10 ms frame.
+    """One echo canceller for one stream. Blocking calls, ~0.2-0.6 ms per 10 ms frame.
 
     ``far_end`` (the loop) and ``process`` (the stream's DSP worker) may run on two
     threads: the reference time line is guarded by a lock.

@@ -21,51 +21,50 @@ filter (MDF, Soo & Pang 1990) as Speex runs it, in numpy:
   against the reference by tens of µs per second. The filter never stops learning
   while the far end plays, and the step rises with the residual (a slid path leaves
   more), so it follows the slide.
-- **Residual echo suppression**: each bin of the foreground's output is compared
-  with its *predicted residual echo*: the echo's power there (the filter's
-  estimate or the reference through the coherence path, whichever is larger,
-  spread over neighbouring bins and a reverberant tail; neither needs the filter
-  aligned to the sample) times the share the linear filter is known to leave
-  (the attenuation: all of it while cold, after the path moved, on a newly
-  placed stretch and the first echo after a silence; down to ~-25 dB as the
-  filter shows it). Bins no louder than their prediction fall to the room's
-  noise, and a frame with nothing beyond its prediction is the room's noise
-  (so the onset gate never opens on residual echo); a user louder than the
-  residual passes in the frame they start (no attack smoothing). The gain is
-  applied as a 65-tap linear-phase filter: 2 ms of latency, no block artefacts.
+- **New stretches** (``align.py``): each new stretch of answer is placed on the
+  mic's time line a few ms off the last one; on its first frames of echo the
+  offset is measured (the mic against the filter's own estimate) and both filters
+  are moved by it, so the filter cancels as before instead of relearning for
+  seconds. Meanwhile all of the echo is taken as residual. A filter that makes a
+  loud mic clearly louder for five frames in a row is aligned the same way.
+- **Residual echo suppression** (``residual.py``): what the linear filter leaves is
+  predicted per bin and suppressed, so the onset gate never opens on it, while a
+  user louder than it passes in the frame they start.
 - **No echo, no harm**: when the filter finds no echo path (a board that cancels its
   own echo), ``echo_found`` stays False and the mic passes through untouched.
 
-Blocking, ~0.1–0.2 ms of CPU per 10 ms frame: run it on the stream's DSP worker.
+Blocking, ~0.4–0.6 ms of CPU per 10 ms frame (docs/benchmarks.md, "Echo
+cancellation in real rooms"): run it on the stream's DSP worker. numpy's cost at
+320 points is per call, not per element: the code batches rows into one call.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .align import Alignment, StretchAligner, shift_taps
+from .residual import ATTENUATION_FLOOR, ResidualSuppressor
+
 BLOCK = 160  # 10 ms at 16 kHz
 _FFT = 2 * BLOCK
 _BINS = BLOCK + 1
-_GAIN_TAPS = 32  # the suppression filter's half length (2 ms)
 _INT16 = 32768.0
+_GAIN_DELAY = 32  # samples: the suppression filter's latency (2 ms)
 _LOW_BINS = 81  # bins below 4 kHz: the drift's phase slope without wrapping
 POWER_ALPHA = 0.35 / 30
 STEP_SCALE = 0.99
 CONSTRAIN_TURNS = 4
 COARSE_SCALE = 0.3
-OVER = 2.0
-ERLE_FLOOR = 0.01
-SPREAD_BINS = 3  # the residual prediction covers this many neighbouring bins
-SPREAD_GAIN = 0.5  # at this share of their power
-KEPT_SHARE = 0.1  # a frame with less than this beyond its residual is all echo
-COLD_GAIN = 8.0  # echo power over the loudest reference, assumed while cold
-TAIL_DECAY = 0.7  # per frame: the residual prediction's reverberant tail
-ATTENUATION_FLOOR = 0.003  # the linear filter never leaves less than this
-RISE = 10 ** (0.5 / 10)  # the attenuation's rise per frame (0.5 dB)
-FALL = 10 ** (-0.5 / 10)  # and its fall (0.5 dB)
-JUMP = 4.0  # error this far over the prediction is near-end speech
-ONSET_FRAMES = 20  # after a far-end onset, the device's latency and the first echo
-ONSET_QUIET = 40  # far-end silence before an onset (a new sentence, not a word)
+COHERENCE_ALPHA = 0.02  # the coherence's smoothing per frame of far end
+COHERENCE_EVERY = 4  # frames of far end between its transfer functions
+TURN_EVERY = 4  # frames between turns of the filters by the drift
+# The coherence path's echo power counted by the residual suppressor: it spreads
+# each partition's echo over its neighbours (speech is alike from one 10 ms to
+# the next), so it overstates the echo by ~8 dB; this share of it is the
+# suppressor's safety net where the filter's own estimate falls short.
+COARSE_SHARE = 0.45
+MOVED = 5  # frames the filter made the mic clearly louder: its path moved
+LOUD = 1e-5  # a mic frame this loud (power, -50 dBFS) holds more than noise
 
 
 class FdafCanceller:
@@ -77,7 +76,7 @@ class FdafCanceller:
         filter_ms: int = 300,
         suppress: bool = True,
         min_gain_db: float = -40.0,
-        over_suppress: float = OVER,
+        over_suppress: float = 2.0,
         no_echo_db: float = -45.0,
     ) -> None:
         """Cover ``filter_ms`` of echo path; suppress residual echo down to ``min_gain_db``.
@@ -91,40 +90,45 @@ class FdafCanceller:
             (2 * p, _BINS), dtype=np.complex128
         )  # spectra, doubled
         self._head = 0
-        self._w: np.ndarray = np.zeros(
-            (p, _BINS), dtype=np.complex128
-        )  # background (learning)
-        self._wf: np.ndarray = np.zeros(
-            (p, _BINS), dtype=np.complex128
-        )  # foreground (cancelling)
+        # Both filters in one array (one multiply filters with both): the
+        # background (learning) and the foreground (cancelling), as views.
+        self._filters: np.ndarray = np.zeros((2, p, _BINS), dtype=np.complex128)
+        self._w: np.ndarray = self._filters[0]
+        self._wf: np.ndarray = self._filters[1]
         self._last_x: np.ndarray = np.zeros(BLOCK)
-        self._last_e: np.ndarray = np.zeros(BLOCK)
         self._last_d: np.ndarray = np.zeros(BLOCK)
         self._cross: np.ndarray = np.zeros(
             (p, _BINS), dtype=np.complex128
         )  # mic x reference
         self._mic_power: np.ndarray = np.zeros(_BINS)
-        self._xpow: np.ndarray = np.zeros((p, _BINS))
+        # Per frame of reference, doubled like the spectra: its conjugate, its
+        # power, and its power smoothed over time (the coherence's denominator).
+        self._xc: np.ndarray = np.zeros((2 * p, _BINS), dtype=np.complex128)
+        self._xx: np.ndarray = np.zeros((2 * p, _BINS))
+        self._xs: np.ndarray = np.zeros((2 * p, _BINS))
+        self._smoothed: np.ndarray = np.zeros(_BINS)
         self._coarse: np.ndarray = np.zeros(_BINS)  # echo power now, from coherence
         self._gain: np.ndarray = np.zeros((p, _BINS))
         self._far_frames = 0
         self._decide_frames = 300
         self.coherence = 0.0
         self._coherent_frames = 0
+        self._coherence_frames = 0  # frames of far end the coherence has seen
         self._ratio = 1.0
         self._ratio_block = 1.0
         self._ratio_mins: list[float] = []
         self.residual_ratio = 1.0
-        self._noise: np.ndarray = np.full(_BINS, 1e-3)
         self._worse = 0  # recent frames the filter made louder than the mic
+        self._moved = 0  # frames in a row it made a loud mic clearly louder
         self.drift = 0.0  # samples per second the echo path slides (estimate)
         self._snapshot: np.ndarray | None = None
         self._rotation: np.ndarray = np.ones(_BINS, dtype=np.complex128)
         self._drift_turn = False
         self._power: np.ndarray = np.full(_BINS, 1.0)  # smoothed far-end power per bin
         self._suppress = suppress
-        self._min_gain = 10 ** (min_gain_db / 20)
-        self._over = over_suppress
+        self.suppressor = ResidualSuppressor(
+            min_gain_db=min_gain_db, over_suppress=over_suppress
+        )
         self._no_echo = 10 ** (no_echo_db / 10)
         # Leakage of the echo estimate into the error (Valin): Pey / Pyy.
         self._pey = 0.0
@@ -142,20 +146,15 @@ class FdafCanceller:
         # None until decided: True once the mic holds a coherent echo of the far
         # end, False after ``_decide_frames`` of far end without one (pass through).
         self.echo_found: bool | None = None
-        self._residual: np.ndarray = np.zeros(_BINS)  # predicted residual echo per bin
-        self._envelope: np.ndarray = np.zeros(_BINS)  # the echo's power per bin
-        self._loudest: np.ndarray = np.zeros(_BINS)  # loudest reference, filter span
-        self._attenuation = 1.0  # share of the echo the linear filter leaves
-        self._new_stretch = False  # the next frame starts a newly placed stretch
-        self._far_quiet = 0  # frames since the far end last played
-        self._onset_frames = 0  # frames left of a far-end onset after silence
-        self._window: np.ndarray = np.hanning(2 * _GAIN_TAPS + 1)
+        self.aligner = StretchAligner()
+        # The attenuation before the stretch (or move) to align.
+        self._trusted: np.ndarray = self.suppressor.attenuation.copy()
         self._pair: np.ndarray = np.zeros((2, _FFT))
-        self._filtered: np.ndarray = np.zeros((2, _BINS), dtype=np.complex128)
-        self._padded: np.ndarray = np.zeros((2, _FFT))
-        self._rows: np.ndarray = np.zeros((3, _FFT))
+        self._rows: np.ndarray = np.zeros((5, _FFT))
+        self._last_out: np.ndarray = np.zeros(BLOCK)  # the last, before suppression
+        self._silent_run = 0  # frames since the reference last held sound
         self.frames = 0
-        self._turn = 0  # the quarter of the partitions constrained next
+        self._turn = 0  # frames since the filter was last constrained
         self._weights: np.ndarray = np.full(self.partitions, 0.99 / self.partitions)
 
     @property
@@ -180,64 +179,138 @@ class FdafCanceller:
         pair[1, BLOCK:] = d
         spectrum, mic_spectrum = np.fft.rfft(pair, axis=1)
         self._last_d = d
-        self._x[self._head] = self._x[self._head + p] = spectrum
+        head = self._head
+        self._x[head] = self._x[head + p] = spectrum
+        self._xc[head] = self._xc[head + p] = spectrum.conj()
+        xx = spectrum.real**2 + spectrum.imag**2
+        self._xx[head] = self._xx[head + p] = xx
         self._last_x = x
-        window = self._x[self._head : self._head + p]  # newest partition first
+        window = self._x[head : head + p]  # newest partition first
         sxx = float(np.dot(x, x))
+        far = sxx > BLOCK * 1e-7
+        self._silent_run = 0 if far else self._silent_run + 1
+        if (
+            self._silent_run > p  # the filter's whole span holds no reference
+            and not self._worse
+            and not self.aligner.active
+            and self.suppressor.quiet()
+        ):
+            return self._without_echo(mic, d, mic_spectrum, xx)
 
-        filtered = self._filtered
-        filtered[0] = (window * self._w).sum(axis=0)
-        filtered[1] = (window * self._wf).sum(axis=0)
+        filtered = (self._filters * window).sum(axis=1)
         y, yf = np.fft.irfft(filtered, n=_FFT, axis=1)[:, BLOCK:]
         e = d - y
         ef = d - yf
         see = float(np.dot(e, e))
         sff = float(np.dot(ef, ef))
         syy = float(np.dot(y, y))
-        self._two_paths(see, sff, sxx)
-
-        # Learning: the background filter.
-        padded = self._padded  # [0, e] and [0, y]
-        padded[0, BLOCK:] = e
-        padded[1, BLOCK:] = y
-        big_e, big_y = np.fft.rfft(padded, axis=1)
-        ee = big_e.real**2 + big_e.imag**2
-        yy = big_y.real**2 + big_y.imag**2
-        xx = spectrum.real**2 + spectrum.imag**2
-        self._power += POWER_ALPHA * (xx - self._power)
-        if sxx > BLOCK * 1e-7:  # the far end plays: learn
-            step = self._step(e, y, ee, yy, see=see, syy=syy, sxx=sxx)
-            self._far_frames += 1
-            if self.frames % 4 == 1:
-                self._weights = self._proportions()
-            scaled = big_e * step / (self._power + 1e-9)
-            self._w += window.conj() * np.outer(self._weights, scaled)
-            self._constrain()
-            self._far_energy += sxx
-            self._echo_energy += float(np.dot(yf, yf))
-        self._coarse_echo(window, mic_spectrum, sff, learn=sxx > BLOCK * 1e-7)
+        aligning = self.aligner.active
+        if aligning:
+            found = self.aligner.feed(d, yf, floor=BLOCK * 1e-6)
+            if found is not None:
+                self._realign(found)
+            elif not self.aligner.active:  # no clear offset: learn what it leaves
+                self.suppressor.attenuation[:] = 1.0
+        learn = far and not aligning  # a filter being aligned keeps its taps
+        if learn:
+            self._two_paths(see, sff, sxx)
 
         out = ef
-        moved = False
-        if sxx > BLOCK * 1e-7 or self._worse:
+        worse = False
+        if far or self._worse:
             # Never louder than the mic: a path that moved (a new stretch of
             # reference placed a few ms off) would add the reference, not remove it.
             sdd = float(np.dot(d, d))
             worse = sff > sdd and self.echo_found is not False
             self._worse = self._worse + 1 if worse else max(0, self._worse - 1)
-            # Clearly louder than a mic that holds more than noise: the path moved.
-            moved = worse and sff > 2 * sdd and sdd > BLOCK * 1e-6
+            # Clearly louder than a loud mic, frame after frame: the path moved
+            # (a stretch nobody announced). Not the filter's own noise where the
+            # echo pauses (a quiet mic), nor a user (who raises the mic too).
+            clearly = sff > 2 * sdd and sdd > BLOCK * LOUD
+            self._moved = self._moved + 1 if clearly else 0
+            if self._moved >= MOVED:
+                self._align()
             if worse:
-                out = ef = d
+                out = d
+
+        # One FFT call for the learning ([0, e], [0, y]) and the suppressor
+        # ([last out, out], [0, yf], [0, out]).
+        rows = self._rows
+        rows[0, BLOCK:] = e
+        rows[1, BLOCK:] = y
+        rows[2, :BLOCK] = self._last_out
+        rows[2, BLOCK:] = out
+        rows[3, BLOCK:] = yf
+        rows[4, BLOCK:] = out
+        self._last_out = out
+        big_e, big_y, out_spectrum, big_yf, big_out = np.fft.rfft(rows, axis=1)
+
+        # Learning: the background filter.
+        ee = big_e.real**2 + big_e.imag**2
+        yy = big_y.real**2 + big_y.imag**2
+        self._power += POWER_ALPHA * (xx - self._power)
+        conj = self._xc[head : head + p]
+        if learn:  # the far end plays: learn
+            step = self._step(e, y, ee, yy, see=see, syy=syy, sxx=sxx)
+            self._far_frames += 1
+            if self.frames % 4 == 1:
+                self._weights = self._proportions()
+            scaled = big_e * step / (self._power + 1e-9)
+            update = conj * scaled
+            update *= self._weights[:, None]
+            self._w += update
+            self._constrain()
+            self._far_energy += sxx
+            self._echo_energy += float(np.dot(yf, yf))
+        if far:
+            self._smoothed += COHERENCE_ALPHA * (xx - self._smoothed)
+        self._xs[head] = self._xs[head + p] = self._smoothed
+        self._coarse_echo(conj, mic_spectrum, sff, learn=far)
+
         if self._suppress and self.echo_found is not False:
-            out = self._suppress_residual(
-                ef, yf, d, far=sxx > BLOCK * 1e-7, worse=moved
+            cold = not self.adapted or self.echo_found is not True
+            out = self.suppressor.suppress(
+                out_spectrum,
+                big_yf,
+                big_out,
+                coarse=self._coarse * (COARSE_SHARE / COARSE_SCALE),
+                loudest=self._loudest if cold else None,
+                leak=self.leak,
+                cold=cold,
+                far=far,
+                # This frame's output is not the filter's (it made it louder),
+                # or the filter is off its path until aligned: all of it is echo.
+                distrust=worse or self.aligner.active,
             )
-        self._last_e = ef
         if not self.echo_found and self.coherence <= 0.3:
             return mic.copy()  # no echo here (yet): the mic as it came
         self._track_drift()
         return np.asarray(out * _INT16, dtype=np.float64)
+
+    def _without_echo(
+        self, mic: np.ndarray, d: np.ndarray, mic_spectrum: np.ndarray, xx: np.ndarray
+    ) -> np.ndarray:
+        """Pass a frame with no reference in the filter's span: no echo, nothing to learn.
+
+        The filter's estimate is exactly zero, so the mic passes (2 ms late, as
+        through the suppressor with nothing to suppress); the noise floor and
+        the drift's turns go on. Most of a conversation is this (the user
+        talking, the model thinking): it costs a fraction of a frame with echo.
+        """
+        head, p = self._head, self.partitions
+        self._power += POWER_ALPHA * (xx - self._power)
+        self._xs[head] = self._xs[head + p] = self._smoothed
+        self.suppressor.track_noise(mic_spectrum.real**2 + mic_spectrum.imag**2)
+        self.suppressor.decay()
+        self._coarse[:] = 0.0
+        late = np.concatenate([self._last_out[BLOCK - _GAIN_DELAY :], d[:-_GAIN_DELAY]])
+        self._last_out = d
+        self._track_drift()
+        if not self.echo_found and self.coherence <= 0.3:
+            return mic.copy()  # no echo here (yet): the mic as it came
+        if not self._suppress or self.echo_found is False:
+            return mic.copy()
+        return np.asarray(late * _INT16, dtype=np.float64)
 
     def _track_drift(self) -> None:
         """Follow the echo path sliding against the reference (two crystals).
@@ -245,13 +318,11 @@ class FdafCanceller:
         Every second, the foreground filter's phase against its copy of a second
         ago gives the slide in samples (the phase slope over the bins below 4 kHz,
         weighted by the filter's energy); its smoothed rate then turns both filters
-        a little every frame, so the learning only has to fix what is left.
+        a little every ``TURN_EVERY`` frames (hundredths of a sample), so the
+        learning only has to fix what is left.
         """
-        w = self._w
-        if self._drift_turn:
-            rotation = self._rotation
-            w *= rotation
-            self._wf *= rotation
+        if self._drift_turn and self.frames % TURN_EVERY == 0:
+            self._filters *= self._rotation
         if self.frames % 100 or not self.echo_found:
             return
         snapshot = self._wf.copy()
@@ -264,13 +335,13 @@ class FdafCanceller:
             slide /= float(np.sum(weight * omega**2)) + 1e-12  # samples per second
             # The filters moved by the turning plus what learning added to it.
             self.drift += 0.5 * (float(np.clip(slide, -2.0, 2.0)) - self.drift)
-            per_frame = self.drift / 100
-            self._rotation = np.exp(-1j * np.pi * np.arange(_BINS) / BLOCK * per_frame)
+            per_turn = self.drift / 100 * TURN_EVERY
+            self._rotation = np.exp(-1j * np.pi * np.arange(_BINS) / BLOCK * per_turn)
             self._drift_turn = True
         self._snapshot = snapshot
 
     def _coarse_echo(
-        self, window: np.ndarray, mic_spectrum: np.ndarray, sff: float, *, learn: bool
+        self, conj: np.ndarray, mic_spectrum: np.ndarray, sff: float, *, learn: bool
     ) -> None:
         """Echo power the mic holds now, from its coherence with the reference.
 
@@ -280,32 +351,39 @@ class FdafCanceller:
         strongest partition says whether an echo reaches the mic at all
         (``echo_found``) and, scaled by what the linear filter leaves
         (``residual_ratio``), bounds the residual echo while the filter learns.
+        The transfer function changes slowly: it is worked out every
+        ``COHERENCE_EVERY`` frames of far end, its echo estimate every frame.
         """
-        xx = window.real**2 + window.imag**2
-        self._loudest = xx.max(axis=0) * 0.5  # [x, x] spectra hold twice [0, x]'s
+        head, p = self._head, self.partitions
+        xx = self._xx[head : head + p]
         if not learn:
-            self._coarse = (self._gain * xx).sum(
-                axis=0
-            ) * COARSE_SCALE  # the echo's tail
-            self._track_noise(mic_spectrum.real**2 + mic_spectrum.imag**2)
+            self._coarse = (self._gain * xx).sum(axis=0) * COARSE_SCALE  # the tail
+            self.suppressor.track_noise(mic_spectrum.real**2 + mic_spectrum.imag**2)
             return
-        a = 0.02
-        self._cross += a * (mic_spectrum[None, :] * window.conj() - self._cross)
-        self._xpow += a * (xx - self._xpow)
+        a = COHERENCE_ALPHA
+        self._coherence_frames += 1
+        if self._coherence_frames % 2 == 0:  # every other frame, twice the step
+            cross = self._cross
+            cross *= 1.0 - 2 * a
+            cross += conj * (2 * a * mic_spectrum)
         mic_power = mic_spectrum.real**2 + mic_spectrum.imag**2
         self._mic_power += a * (mic_power - self._mic_power)
-        cross = self._cross.real**2 + self._cross.imag**2
-        self._gain = cross / (self._xpow**2 + 1e-12)  # |H|^2 per partition and bin
+        if self._coherence_frames % COHERENCE_EVERY == 0:
+            cross = self._cross
+            xpow = self._xs[head : head + p]
+            power = cross.real**2 + cross.imag**2
+            self._gain = power / (xpow**2 + 1e-12)  # |H|^2 per partition and bin
+            # Coherent share of the mic's power (the strongest partition).
+            share = float((power / (xpow + 1e-12)).max(axis=0).sum())
+            share /= float(self._mic_power.sum()) + 1e-12
+            self.coherence = share
+            coherent = self._coherent_frames + COHERENCE_EVERY
+            self._coherent_frames = coherent if share > 0.3 else 0
+            if self._coherent_frames >= 50:
+                self.echo_found = True
+            elif self.echo_found is None and self._far_frames >= self._decide_frames:
+                self.echo_found = False  # seconds of far end, never an echo: none
         self._coarse = (self._gain * xx).sum(axis=0) * COARSE_SCALE
-        # Coherent share of the mic's power (the strongest partition), and its trend.
-        share = float((cross / (self._xpow + 1e-12)).max(axis=0).sum())
-        share /= float(self._mic_power.sum()) + 1e-12
-        self.coherence = share
-        self._coherent_frames = self._coherent_frames + 1 if share > 0.3 else 0
-        if self._coherent_frames >= 50:
-            self.echo_found = True
-        elif self.echo_found is None and self._far_frames >= self._decide_frames:
-            self.echo_found = False  # seconds of far end, never an echo: none here
         # What the linear filter leaves of the mic: the minimum of its smoothed
         # ratio over 2 s (the user only ever raises it).
         smm = float(mic_power.sum()) / _FFT + 1e-12
@@ -316,24 +394,38 @@ class FdafCanceller:
             self._ratio_block = 1.0
         self.residual_ratio = min([self._ratio_block, *self._ratio_mins])
 
-    def _track_noise(self, power: np.ndarray) -> None:
-        """Track the mic's noise floor per bin: down with quiet frames, creeping up.
-
-        Only while the far end is silent: the echo is no floor to keep.
-        """
-        # The [0, e] spectra the suppressor compares against hold half the power.
-        half = 0.5 * power
-        self._noise = np.where(
-            half < self._noise, 0.7 * self._noise + 0.3 * half, self._noise * 1.002
-        )
+    def _loudest(self) -> np.ndarray:
+        """Return the loudest reference power per bin over the filter's span ([0, x])."""
+        head, p = self._head, self.partitions
+        return np.asarray(self._xx[head : head + p].max(axis=0) * 0.5)
 
     def new_stretch(self) -> None:
         """Say the reference from the next frame on was placed anew (a few ms off).
 
-        The echo path learnt on the last stretch may not fit it: the suppressor
-        takes all of the echo as residual until the filter shows what it leaves.
+        The echo path learnt on the last stretch may be a few ms off it: the
+        suppressor takes all of the echo as residual until the aligner has found
+        the offset in the first frames of echo and moved the filters by it.
         """
-        self._new_stretch = True
+        self._align()
+
+    def _align(self) -> None:
+        """Find the learnt path's offset in the frames to come, if there is a path."""
+        if not self.adapted or self.echo_found is not True or self.aligner.active:
+            return
+        self._trusted = self.suppressor.attenuation.copy()
+        self.aligner.start()
+
+    def _realign(self, found: Alignment) -> None:
+        """Move both filters by the offset found; trust them as before, or less."""
+        if abs(found.lag) < 0.25:
+            self.suppressor.attenuation = self._trusted.copy()  # nothing moved
+            return
+        self._w[:] = shift_taps(self._w, found.lag)
+        self._wf[:] = shift_taps(self._wf, found.lag)
+        self._snapshot = None  # the drift's reference: the filter moved
+        self.suppressor.attenuation = np.clip(
+            self._trusted, max(found.residual, ATTENUATION_FLOOR), 1.0
+        )
 
     @property
     def learning(self) -> bool:
@@ -345,21 +437,18 @@ class FdafCanceller:
         return self.echo_found and self.residual_ratio > 0.1
 
     def _constrain(self) -> None:
-        """Keep a quarter of the partitions causal and one block long, in turn.
+        """Keep the partitions causal and one block long, every fourth frame.
 
-        The gradient constraint of the overlap-save filter, spread over frames as
-        Speex's AUMDF does: the whole filter is constrained every fourth frame.
+        The gradient constraint of the overlap-save filter, as often for each
+        partition as Speex's AUMDF (which does a quarter every frame), all at once:
+        numpy's cost is per call, not per row.
         """
-        p = self.partitions
-        share = -(-p // CONSTRAIN_TURNS)
-        start = self._turn * share
         self._turn = (self._turn + 1) % CONSTRAIN_TURNS
-        rows = slice(start, min(p, start + share))
-        if rows.start >= p:
+        if self._turn:
             return
-        taps = np.fft.irfft(self._w[rows], n=_FFT, axis=1)
+        taps = np.fft.irfft(self._w, n=_FFT, axis=1)
         taps[:, BLOCK:] = 0.0
-        self._w[rows] = np.fft.rfft(taps, axis=1)
+        self._w[:] = np.fft.rfft(taps, axis=1)
 
     def _proportions(self) -> np.ndarray:
         """Share the step among partitions by their weight (proportionate MDF).
@@ -431,107 +520,3 @@ class FdafCanceller:
         residual = np.minimum(self.leak * yy, ee)
         residual = 0.7 * residual + 0.3 * rer * ee
         return np.asarray(residual / (ee + 1e-9), dtype=np.float64)
-
-    def _suppress_residual(
-        self,
-        ef: np.ndarray,
-        yf: np.ndarray,
-        d: np.ndarray,
-        *,
-        far: bool,
-        worse: bool,
-    ) -> np.ndarray:
-        """Attenuate each bin by its predicted residual echo, instantly.
-
-        The prediction is the echo's power in the bin (the filter's estimate, or
-        the reference through the coherence path, whichever is larger: neither
-        needs the filter aligned to the sample) times the share of it the linear
-        filter is known to leave (``attenuation``): all of it while the filter is
-        cold or the path just moved, ~1 % once it cancels. Bins whose error is no
-        louder than the prediction fall to the room's noise; a user louder than
-        the residual passes in the frame they start (no attack smoothing), so
-        the onset gate, which sees this output, opens on users and not on echo.
-        """
-        rows = self._rows  # [last e, e], [0, yf], [0, e]
-        rows[0, :BLOCK] = self._last_e
-        rows[0, BLOCK:] = ef
-        rows[1, BLOCK:] = yf
-        rows[2, BLOCK:] = ef
-        spectrum, big_yf, big_ef = np.fft.rfft(rows, axis=1)
-        echo = big_yf.real**2 + big_yf.imag**2
-        error = big_ef.real**2 + big_ef.imag**2
-        envelope = np.maximum(echo, self._coarse * (1.0 / COARSE_SCALE))
-        cold = not self.adapted or self.echo_found is not True
-        if cold:
-            # No path learnt yet: any delay of the filter's span, at a
-            # conservative gain (the echo may be louder than the reference).
-            envelope = np.maximum(envelope, COLD_GAIN * self._loudest)
-        # Spread over neighbouring bins: a bin the estimate misses (a weak
-        # reference there, the speaker's distortion) is covered by its neighbours.
-        spread = envelope.copy()
-        for k in range(1, SPREAD_BINS + 1):
-            np.maximum(spread[k:], SPREAD_GAIN * envelope[:-k], out=spread[k:])
-            np.maximum(spread[:-k], SPREAD_GAIN * envelope[k:], out=spread[:-k])
-        self._envelope = np.maximum(spread, TAIL_DECAY * self._envelope)
-        self._track_attenuation(
-            float(error.sum()), float(echo.sum()), far=far, worse=worse, cold=cold
-        )
-        residual = self._attenuation * self._envelope
-        residual = np.maximum(residual, self.leak * echo)
-        self._residual = residual
-        gain = 1.0 - self._over * residual / (error + 1e-12)
-        # Never below the room's own noise: the onset gate's floor stays the room's.
-        floor = np.sqrt(self._noise / (error + 1e-12))
-        gain = np.clip(gain, np.maximum(self._min_gain, np.minimum(floor, 1.0)), 1.0)
-        # The gain as a short linear-phase filter: 2 ms late, no block artefacts.
-        taps = np.fft.irfft(gain, n=_FFT)
-        taps = np.concatenate([taps[-_GAIN_TAPS:], taps[: _GAIN_TAPS + 1]])
-        taps *= self._window
-        response = np.fft.rfft(taps, n=_FFT)
-        out = np.fft.irfft(spectrum * response, n=_FFT)[BLOCK:]
-        # What the frame holds beyond the predicted residual: nothing (all echo)
-        # leaves the room's noise, not the filter's leakage between bins.
-        kept = float(np.sum(np.maximum(0.0, error - self._over * residual)))
-        noise = float(self._noise.sum())
-        if kept <= noise + KEPT_SHARE * float(residual.sum()):
-            level = float(np.dot(out, out)) * _FFT / 2 + 1e-12
-            if level > noise:
-                out = out * np.sqrt(noise / level)
-        return out
-
-    def _track_attenuation(
-        self, error: float, echo: float, *, far: bool, worse: bool, cold: bool
-    ) -> None:
-        """Follow the share of the echo the linear filter leaves (frame power ratio).
-
-        Up at most ``RISE`` a frame, and only while the error stays within ``JUMP``
-        of the prediction (a user talking raises the ratio far more at once: that
-        is near end, not a worse filter), down slowly; all of it while cold, after
-        the path moved, or on a newly placed stretch of far end (``new_stretch``).
-        """
-        if far and self._far_quiet >= ONSET_QUIET:
-            self._onset_frames = ONSET_FRAMES
-        self._far_quiet = 0 if far else self._far_quiet + 1
-        if cold or worse or self._new_stretch:
-            self._attenuation = 1.0
-            self._new_stretch = False
-            return
-        if not far and not self._onset_frames:
-            return
-        if echo <= 4 * float(self._noise.sum()):
-            return
-        ratio = min(1.0, max(ATTENUATION_FLOOR, error / (echo + 1e-12)))
-        if self._onset_frames:
-            # The first echo after a silence is not cancelled as well as the
-            # steady echo (measured: 10-15 dB less for ~50 ms), however well
-            # placed: until the device's latency has passed, what is left counts.
-            self._onset_frames -= 1
-            if ratio > self._attenuation:
-                self._attenuation = ratio
-                return
-        if ratio > JUMP * self._attenuation:
-            return  # far more than the filter leaves: a user talking, not the echo
-        if ratio > self._attenuation:
-            self._attenuation = min(ratio, self._attenuation * RISE)
-        else:
-            self._attenuation = max(ratio, self._attenuation * FALL)

@@ -8,6 +8,16 @@ not (resume). Feed it the echo-cancelled signal when there is one.
 The floor follows quiet frames down fast and creeps up slowly (``rise_db_per_s``), and
 is frozen while the gate is open; the first ``calibration_frames`` only measure it, so steady noise (a fan, residual echo) raises it and
 speech does not.
+
+A room's own sound that comes and goes (a TV, music) has quiet moments the floor
+follows, and every loud moment of it would be an onset. ``RoomLevel`` is how loud
+the room's own sound gets: an upper quantile (~97 %) of the gate's frames while
+the answer plays and the user is quiet (the session says when:
+``process(frame, learn_room=True)``). An onset must also stand ``room_margin_db``
+(8 dB) over it: the user near the satellite is louder than a TV across the room.
+It outlives a conversation (the room does): pass the satellite's ``RoomLevel``
+to every gate. With no sound of its own in the room it stays near the floor and
+changes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +33,36 @@ class GateEvent(enum.Enum):
 
     ONSET = "onset"  # possible speech: sustained energy above the floor
     QUIET = "quiet"  # the gate closed again
+
+
+class RoomLevel:
+    """How loud the room's own sounds get (dBFS): an upper quantile of frame levels.
+
+    Up ``up_db`` for a frame louder than it, down ``down_db`` for one that is not:
+    it settles where one frame in (up + down) / down is louder (~3 % for 1 and
+    0.03 dB: 3 dB a second when the room goes quiet; a TV is learnt within a
+    second or two of an answer). None until it has learnt.
+    """
+
+    def __init__(
+        self,
+        *,
+        up_db: float = 1.0,
+        down_db: float = 0.03,
+    ) -> None:
+        """Follow the room's loud frames with these steps per 10 ms frame."""
+        self.level: float | None = None
+        self._up = up_db
+        self._down = down_db
+
+    def learn(self, level: float, floor: float) -> None:
+        """Take one frame's level (the gate's noise ``floor``: where it starts)."""
+        current = floor if self.level is None else self.level
+        if level > current:
+            current += min(self._up, level - current)
+        else:
+            current -= min(self._down, current - level)
+        self.level = current
 
 
 class OnsetGate:
@@ -41,11 +81,14 @@ class OnsetGate:
         fall_factor: float = 0.3,
         initial_floor_dbfs: float = -70.0,
         calibration_frames: int = 30,
+        room_margin_db: float = 8.0,
+        room: RoomLevel | None = None,
     ) -> None:
         """Open on ``sustain_frames`` loud frames, or ``strong_frames`` very loud ones.
 
-        Loud: ``margin_db`` over the floor and over ``min_dbfs``; very loud: another
-        ``strong_db`` above that.
+        Loud: ``margin_db`` over the floor, ``room_margin_db`` over the room's own
+        sound (``room``, shared by the satellite's gates) and over ``min_dbfs``;
+        very loud: another ``strong_db`` above the floor's margin.
         """
         self.margin_db = margin_db
         self.min_dbfs = min_dbfs
@@ -63,9 +106,21 @@ class OnsetGate:
         self._run = 0
         self.level = initial_floor_dbfs
         self._calibration = calibration_frames
+        self.room_margin_db = room_margin_db
+        self.room = room if room is not None else RoomLevel()
 
-    def process(self, frame: bytes) -> GateEvent | None:
-        """Score one frame (any length; 10 ms expected)."""
+    @property
+    def room_loud(self) -> bool:
+        """True when the room's own sound stands ``margin_db`` over the noise floor."""
+        room = self.room.level
+        return room is not None and room >= self.floor + self.margin_db
+
+    def process(self, frame: bytes, *, learn_room: bool = False) -> GateEvent | None:
+        """Score one frame (any length; 10 ms expected).
+
+        ``learn_room``: the frame is the room's own sound (the answer plays and
+        the user is quiet), for ``room``.
+        """
         self.frames += 1
         level = frame_dbfs(frame)
         self.level = level
@@ -73,7 +128,14 @@ class OnsetGate:
             # The first frames set the floor, whatever its level: no onset yet.
             self.floor += (level - self.floor) / self.frames
             return None
-        loud = level >= self.floor + self.margin_db and level >= self.min_dbfs
+        if learn_room:
+            self.room.learn(level, self.floor)
+        room = self.room.level
+        loud = (
+            level >= self.floor + self.margin_db
+            and level >= self.min_dbfs
+            and (room is None or level >= room + self.room_margin_db)
+        )
         if self.open:
             self._run = 0 if loud else self._run + 1
             if self._run >= self.release_frames:

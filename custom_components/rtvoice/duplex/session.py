@@ -26,6 +26,12 @@ started over the answer but is still loud ``ECHO_TAIL_MS`` after the answer ende
 is kept from the quietest moment of that tail on, and transcribed like any other.
 Silence is counted in mic audio, so no timer task exists.
 
+A room with a loud sound of its own (a TV, a radio): the onset gate learns how
+loud it gets while answers play (``gate.RoomLevel``, kept by the satellite across
+conversations) and opens only on sound well over it; an utterance that the VAD
+alone heard, never that loud, is the room talking and is dropped
+(``room_utterances``), in any state.
+
 End of turn by what was said (``DuplexOptions.eagerness``, issue 18): at a short
 silence inside an utterance (``UtterancePaused``) the words so far are transcribed
 (a second STT stream) and judged (``turn.judge_turn``, with ``recognise``: HA's
@@ -77,7 +83,7 @@ from .contracts import (
     TextToSpeech,
 )
 from .echo import EchoCanceller, MicTimeline
-from .gate import EchoAwareGate, GateEvent, OnsetGate
+from .gate import EchoAwareGate, GateEvent, OnsetGate, RoomLevel
 from .heard import HeardLedger
 from .player import PacedPlayer, PlayerState
 from .segmenter import (
@@ -129,6 +135,9 @@ class SessionStats:
     dropped_utterances: int = 0  # spoken while speaking in wake_word/off mode
     tail_utterances: int = 0  # began in an answer's echo tail, kept from its end
     echo_utterances: int = 0  # VAD-only utterances over an answer, no energy: dropped
+    room_utterances: int = (
+        0  # VAD-only, never louder than the room's own sound: dropped
+    )
     stt_errors: int = 0
     stt_dropped: int = 0  # utterances dropped unheard: more than the STT could take
     tts_errors: int = 0
@@ -171,6 +180,7 @@ class _Track:
     energy: bool = False  # the onset gate was open at some point during it
     early: _Early | None = None  # its latest short silence being judged
     speculated: bool = False  # one early push (speculative round) per utterance
+    room_loud: bool = False  # the room had a loud sound of its own (a TV) during it
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +193,7 @@ class _FrameResult:
     segment_event: SegmentEvent | None
     in_utterance: bool
     level: float  # the frame's level (dBFS) at the gate
+    room_loud: bool  # the room's own sound is loud (a TV): the gate judges over it
 
 
 @dataclass
@@ -225,6 +236,7 @@ class DuplexSession:
         options: DuplexOptions | None = None,
         segmenter: UtteranceSegmenter | None = None,
         gate: OnsetGate | None = None,
+        room: RoomLevel | None = None,
         echo: EchoCanceller | None = None,
         echo_gate: bool = False,
         clock: Clock | None = None,
@@ -240,6 +252,9 @@ class DuplexSession:
 
         ``dsp``: the stream's worker that runs the mic DSP (echo canceller, gate,
         VAD) off the loop; None runs it inline in ``feed_mic`` (tests, benches).
+        ``room``: how loud the satellite's room gets by itself (a TV), learnt
+        while answers play and kept across its conversations; None: this
+        session's own.
         The session does not own it. Rounds up to ``first_seq`` are not its own (an
         earlier session of the same child): their output is ignored.
         ``recognise(text)``: whether the words are a whole command (HA's intent
@@ -272,7 +287,7 @@ class DuplexSession:
         )
         # The early push not yet confirmed or withdrawn (END or HOLD).
         self._early: _Early | None = None
-        self.gate = gate if gate is not None else OnsetGate()
+        self.gate = gate if gate is not None else OnsetGate(room=room)
         # Opt-in second gate on the raw mic (beats AEC3's double-talk hold when the
         # user is louder than the echo, at the price of more false pauses: see
         # scripts/bench_duplex.py).
@@ -474,7 +489,10 @@ class DuplexSession:
         raw = frame
         if self._echo is not None:
             frame = self._echo.process(frame, reference)
-        gate_event = self.gate.process(frame)
+        # The answer plays and no pause waits for words: the user is quiet, what
+        # the gate hears now is the room's own sound (and the answer's residual).
+        learn_room = self.state in (SessionState.SPEAKING, SessionState.RESUMING)
+        gate_event = self.gate.process(frame, learn_room=learn_room)
         if self._echo_gate is not None and self._echo is not None:
             quiet = self.gate.level < self.gate.floor + self.gate.margin_db / 2
             raw_event = self._echo_gate.process(
@@ -508,6 +526,7 @@ class DuplexSession:
             segment_event,
             self.segmenter.in_utterance,
             self.gate.level,
+            self.gate.room_loud,
         )
 
     def _apply(self, epoch: int, results: list[_FrameResult]) -> None:
@@ -534,6 +553,8 @@ class DuplexSession:
         vad_mode = self._voice_barge_in
         if self._gate_open or gate_event is GateEvent.ONSET:
             self._utterance.energy = True
+        if result.room_loud:
+            self._utterance.room_loud = True
 
         if (
             gate_event is GateEvent.ONSET
@@ -629,6 +650,11 @@ class DuplexSession:
             self.stats.echo_utterances += 1
             if self.state is SessionState.PAUSED and not self._stt_pending():
                 self._resume()
+            return
+        if track.room_loud and not track.energy:
+            # The VAD alone, never as loud as the user near the satellite over the
+            # room's own sound: a TV or a radio talking, not the user.
+            self.stats.room_utterances += 1
             return
         self.stats.utterances += 1
         early = track.early
