@@ -151,8 +151,8 @@ def free_port() -> int:
 async def run_script(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run ``scripts/satellite`` with ``argv``; what it printed (exit code 0)."""
     code = await satellite.main(satellite.parse_args(argv))
-    out = capsys.readouterr().out
-    assert code == 0, out
+    out, err = capsys.readouterr()
+    assert code == 0, f"{out}\n{err}"  # the script's errors go to stderr
     return out
 
 
