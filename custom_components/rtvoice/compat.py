@@ -273,6 +273,9 @@ async def tts_synthesise(
 # ── recognising a command without running it (the default agent's matcher) ────
 
 
+_RECOGNISING = f"{DOMAIN}_intent_recognition_running"
+
+
 def intent_recogniser(
     hass: HomeAssistant, language: Callable[[], str | None]
 ) -> Callable[[str], Awaitable[bool]]:
@@ -284,9 +287,24 @@ def intent_recogniser(
     or method, or any error, is "not recognised" (the words alone then decide).
     ``ConversationInput`` is built from the fields this version has (2026.x
     requires ``satellite_id``; 2025.4 rejects it).
+
+    One recognition at a time in this Home Assistant: the matcher runs in an
+    executor thread and costs CPU (0.5 s for a short command on a test machine);
+    while one runs, another satellite's pause is "not recognised" at once rather
+    than queueing a second (its hangover ends that turn, as without the matcher).
     """
 
     async def recognise(text: str) -> bool:
+        if hass.data.get(_RECOGNISING):
+            _LOGGER.debug("Intent recognition busy: the words alone decide")
+            return False
+        hass.data[_RECOGNISING] = True
+        try:
+            return await _recognise(text)
+        finally:
+            hass.data[_RECOGNISING] = False
+
+    async def _recognise(text: str) -> bool:
         try:
             agent = conversation.async_get_agent(hass)
         except (KeyError, AttributeError):  # conversation not set up (yet)

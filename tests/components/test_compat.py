@@ -8,6 +8,7 @@ each such stub says so where it is defined.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 import datetime as dt
@@ -448,3 +449,49 @@ async def test_intent_recogniser_feature_detects_the_agent(
     assert agent.inputs[0].language == hass.config.language
     monkeypatch.setattr(conversation, "async_get_agent", lambda hass: object())
     assert not await recognise("lights on")
+
+
+class _SlowAgent:
+    """A recogniser that answers when the test lets it (a busy HA's matcher)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.called = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def async_recognize_intent(self, user_input: Any) -> Any:
+        self.asked.append(user_input.text)
+        self.called.set()
+        await self.release.wait()
+        return _Recognised()
+
+
+async def test_intent_recogniser_runs_one_recognition_at_a_time(
+    hass: HomeAssistant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the matcher works for one satellite, another's pause is not recognised.
+
+    Nothing queues behind the running recognition (each would be an executor job);
+    once it returned, or was cancelled, the next pause is asked again.
+    """
+    agent = _SlowAgent()
+    monkeypatch.setattr(conversation, "async_get_agent", lambda hass: agent)
+    kitchen = compat.intent_recogniser(hass, lambda: "en")
+    office = compat.intent_recogniser(hass, lambda: "en")
+    first = asyncio.ensure_future(kitchen("lights on"))
+    await agent.called.wait()
+    # Busy: answered at once (the timeout only fails a queued call, a safety net).
+    assert not await asyncio.wait_for(office("fan on"), 10)
+    assert agent.asked == ["lights on"]
+    agent.release.set()
+    assert await first
+    assert await office("fan on")
+    agent.release.clear()
+    agent.called.clear()
+    waiting = asyncio.ensure_future(office("heat on"))
+    await agent.called.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    agent.release.set()
+    assert await kitchen("lights off")  # the cancelled one no longer counts
