@@ -84,6 +84,41 @@ def test_max_length_and_restart() -> None:
     assert started.start_ms == started.detected_ms - 10
 
 
+def test_words_begun_in_a_hangover_keep_their_onset() -> None:
+    """The hangover of one utterance is the pre-roll of the next.
+
+    As measured after a wake word (a satellite's test of 2026-12-07): the VAD, still
+    decaying from the words before ``restart``, starts an utterance on silence; the
+    "s" of "stop" is then scored 0.0 for 170 ms and falls in that utterance's
+    hangover; the next utterance begins once "op" is scored. Without the carry, its
+    audio lacked "st" and the STT heard "the".
+    """
+    silent, onset, vowel = (bytes([tag]) * FRAME_BYTES for tag in (0, 1, 2))
+    script = (
+        [(silent, 0.99)] * 12  # the VAD decaying: an utterance starts on silence
+        + [(silent, 0.0)] * 15
+        + [(onset, 0.0)] * 17  # the word begins; the VAD does not score it yet
+        + [(vowel, 1.0)] * 20
+        + [(silent, 0.0)] * 30
+    )
+    scores = iter(score for _, score in script)
+    segmenter = UtteranceSegmenter(lambda frame: next(scores))
+    segmenter.restart()
+    ends = [
+        event
+        for frame, _ in script
+        if isinstance(event := segmenter.process_frame(frame), UtteranceEnded)
+    ]
+    assert len(ends) == 2
+    frames = [
+        ends[1].pcm[i : i + FRAME_BYTES]
+        for i in range(0, len(ends[1].pcm), FRAME_BYTES)
+    ]
+    assert frames.count(onset) == 17  # the whole onset, before the vowel
+    assert frames.index(vowel) == frames.index(onset) + 17
+    assert len(ends[1].pcm) == (ends[1].end_ms - ends[1].start_ms) * BYTES_PER_MS
+
+
 def gate_frames(gate: OnsetGate, pcm: bytes) -> list[tuple[int, GateEvent]]:
     """Return (frame number, event) for every event ``pcm`` causes."""
     events = [(gate.process(frame), gate.frames) for frame in FrameChunker().feed(pcm)]

@@ -8,8 +8,11 @@ it is made; ``feed`` accepts PCM of any size and cuts it into 10 ms frames itsel
 The VAD is slow at both ends (measured: speech found 110–350 ms after onset, "speech"
 for ~0.3–0.5 s after it ends), so the utterance keeps ``pre_roll_ms`` of audio from
 before the start decision (the STT gets the onset) and ends after ``silence_ms`` of
-non-speech frames on top of the VAD's own tail. It is not a barge-in detector (see
-``gate.OnsetGate``).
+non-speech frames on top of the VAD's own tail. Those frames also begin the next
+utterance's pre-roll: the VAD, still decaying from the last words (or from before a
+``restart``), may call the onset of the next ones non-speech for a while (an "s" of
+"stop" scored 0.0 for 170 ms); they are heard in both utterances rather than in
+neither. It is not a barge-in detector (see ``gate.OnsetGate``).
 
 With ``pause_ms`` set, a short silence inside an utterance (that many ms of frames
 the caller marks ``quiet``, by energy, long before the VAD's tail ends) is reported
@@ -199,6 +202,11 @@ class UtteranceSegmenter:
 
     def _end(self, *, forced: bool) -> UtteranceEnded:
         pcm = b"".join(self._utterance)
+        if not forced:
+            # The hangover (frames the VAD called non-speech) is the next
+            # utterance's pre-roll: words begun in it (a fricative the VAD is slow
+            # to score) keep their onset. Forced: speech goes on, nothing to carry.
+            self._pre_roll.extend(self._utterance[len(self._utterance) - self._run :])
         self._utterance = []
         self._run = 0
         self.state = SegmentState.SILENCE
