@@ -50,6 +50,7 @@ from .duplex import (
     TextToSpeech,
     UtteranceSegmenter,
 )
+from .duplex.tasks import wait_ended
 from .kernel import ChannelDef, ChildOptions, Kernel, current_round_seq
 
 _LOGGER = logging.getLogger(__name__)
@@ -449,8 +450,7 @@ class DuplexConversation:
                 await asyncio.wait((preparing,))
             if self.session.state is not SessionState.ENDED:
                 await self.session.aclose()  # an ended one is in _ending already
-            while self._ending:
-                await asyncio.gather(*self._ending, return_exceptions=True)
+            await wait_ended(self._ending)
         finally:
             try:
                 if spawned:

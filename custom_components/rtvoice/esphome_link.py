@@ -88,6 +88,7 @@ from aioesphomeapi.model import UserService
 from .duplex import DspWorker, SessionState, UtteranceSegmenter
 from .duplex.audio import BYTES_PER_MS
 from .duplex.player import PacedPlayer
+from .duplex.tasks import wait_ended
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 from .duplex_stream import MediaStreamOutput, StreamOpener
 
@@ -672,10 +673,7 @@ class EsphomeLink:
                 await runner
         await self._end_conversation(send_run_end=True)
         # Conversations still closing (each close is shielded and bounded): wait.
-        while self._tasks:
-            tasks = list(self._tasks)
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self._tasks.difference_update(tasks)
+        await wait_ended(self._tasks)
         await self._dsp.aclose()
         await self._disconnect()
 

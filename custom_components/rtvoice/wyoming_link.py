@@ -67,6 +67,7 @@ from .duplex import (
     SessionState,
     UtteranceSegmenter,
 )
+from .duplex.tasks import wait_ended
 from .duplex_link import DuplexBinding, DuplexConversation, warm_segmenter
 from .wyoming_proto import (
     PeerInfo,
@@ -245,8 +246,7 @@ class WyomingSatelliteLink:
         # A cancelled _run() may have left its cleanup to us.
         await self._close_conversation()
         await self._audio_stop()
-        while self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
+        await wait_ended(self._closing)
         await self._disconnect()
         await self._dsp.aclose()
         await self._close_wake_stream()
