@@ -157,10 +157,12 @@ DEFAULT_ESPHOME_PORT: Final = 6053
 # Wyoming satellites alike; absent keys take the defaults).
 CONF_BARGE_IN: Final = "barge_in"  # "vad" | "wake_word" | "off" (duplex.BargeIn)
 DEFAULT_BARGE_IN: Final = "wake_word"  # safe on boards without echo cancellation
-CONF_ECHO_CANCELLATION: Final = "echo_cancellation"  # server-side AEC3 (livekit)
-# Off: measured in simulated rooms (docs/benchmarks.md, issue 19), neither server
-# canceller keeps `vad` from cutting answers by itself on a board without its own,
-# and the default barge-in (`wake_word`) does not need one.
+# Server echo cancellation: AEC3 (livekit) where its wheel runs, else ours in numpy.
+CONF_ECHO_CANCELLATION: Final = "echo_cancellation"
+# Off: the default barge-in (`wake_word`) does not need it, and over a loud echo
+# `vad` still misses its goals with either canceller (docs/benchmarks.md, "Echo
+# cancellation in real rooms": no self-interruptions, but onset -> pause p99
+# 310 ms at +10 dB and false barge-ins with a TV on).
 DEFAULT_ECHO_CANCELLATION: Final = False
 CONF_END_SILENCE: Final = "end_silence"  # seconds of silence after an answer
 DEFAULT_END_SILENCE: Final = 8
