@@ -55,8 +55,15 @@ from homeassistant.const import (
 from homeassistant.core import Event, EventStateChangedData, HomeAssistant, callback
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.event import async_track_state_change_event
+from tests.accounts import accounted, duplex_account
 from tests.components.common import async_load_entry, openai_entry
-from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
+from tests.components.esphome_rig import (
+    add_wyoming_service,
+    after_a_moment,
+    entity_of,
+    spoken,
+    wait,
+)
 from tests.peers.esphome import (
     ATOM_ECHO_FEATURES,
     VOICE_PE_FEATURES,
@@ -249,7 +256,7 @@ async def duplex_rig(
                 await wait(device.wait_for_voice_client(), SAFETY)
                 if hass.states.get(satellite).state != "idle":  # type: ignore[union-attr]
                     await states.reached("idle")
-                yield Rig(
+                rig = Rig(
                     hass,
                     device,
                     entry,
@@ -259,6 +266,12 @@ async def duplex_rig(
                     states,
                     http_base,
                 )
+                with accounted(
+                    lambda: duplex_account(
+                        rig.link, servers[0][0], len(openai_peer.requests), states.seen
+                    )
+                ):
+                    yield rig
             finally:
                 unsub()
                 if entry.state is ConfigEntryState.LOADED:
@@ -362,7 +375,7 @@ async def test_settings_decide_barge_in_and_end_silence(
         await rig.states.reached("responding")
         conversation = rig.link.conversation
         assert conversation is not None
-        rig.device.say(await spoken(ASK), wake_word=None)  # over the answer
+        rig.device.say(after_a_moment(await spoken(ASK)), wake_word=None)  # over it
         await wait(rig.device.wait_for_event(EventType.RUN_END), SAFETY)  # silence
         stats = conversation.session.stats
         if barge_in is BargeIn.VAD:

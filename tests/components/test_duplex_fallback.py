@@ -27,8 +27,15 @@ from homeassistant.components.assist_pipeline.pipeline import (
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
+from tests.accounts import accounted, duplex_account
 from tests.components.common import async_load_entry, openai_entry
-from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
+from tests.components.esphome_rig import (
+    add_wyoming_service,
+    after_a_moment,
+    entity_of,
+    spoken,
+    wait,
+)
 from tests.components.test_duplex_satellite import (
     add_duplex,
     device_input,
@@ -144,7 +151,10 @@ async def fallback_rig(
                 options=dataclasses.replace(link.binding.options, barge_in=barge_in),
             )
         try:
-            yield Rig(hass, device, link, satellite)
+            with accounted(
+                lambda: duplex_account(link, stt_server, len(openai_peer.requests), [])
+            ):
+                yield Rig(hass, device, link, satellite)
         finally:
             for unload in (entry, stt_entry, tts_entry):
                 if unload.state is ConfigEntryState.LOADED:
@@ -198,7 +208,7 @@ async def test_old_firmware_vad_barge_in_and_cough(
         run = r.device.say(await spoken(ASK))
         assert run is not None
         await r.playing(1)
-        r.device.say(noise(200, -12.0), wake_word=None)
+        r.device.say(after_a_moment(noise(200, -12.0)), wake_word=None)
         resumed = await r.ended(1)
         report(resumed, "cough: paused and resumed")
         assert not resumed.stopped and resumed.finished_at is not None
@@ -210,7 +220,7 @@ async def test_old_firmware_vad_barge_in_and_cough(
         openai_peer.enqueue(Text("Okay."))
         r.device.say(await spoken(ASK), wake_word=None)
         await r.playing(2)
-        r.device.say(await spoken(STOP), wake_word=None)
+        r.device.say(after_a_moment(await spoken(STOP)), wake_word=None)
         cut = await r.ended(2)
         report(cut, "cut by words")
         assert cut.stopped

@@ -42,6 +42,7 @@ from homeassistant.core import Event, EventStateChangedData, HomeAssistant, call
 from homeassistant.data_entry_flow import FlowResultType
 from homeassistant.helpers import device_registry as dr, entity_registry as er, intent
 from homeassistant.helpers.event import async_track_state_change_event
+from tests.accounts import accounted, duplex_account
 from tests.components.common import (
     BED,
     add_esphome_satellite,
@@ -51,7 +52,13 @@ from tests.components.common import (
     openai_entry,
     stored_satellites,
 )
-from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
+from tests.components.esphome_rig import (
+    add_wyoming_service,
+    after_a_moment,
+    entity_of,
+    spoken,
+    wait,
+)
 from tests.components.pipeline.helpers import GatedBedLightOn
 from tests.duplex.conftest import noise
 from tests.peers.esphome import (
@@ -460,10 +467,14 @@ async def duplex_rig(
             await wait_for_state(hass, satellite, {"idle"})
             await wait(device.wait_for_voice_client(), SAFETY)
         states = StateLog(hass, satellite)
+        rig = DuplexRig(hass, entry, device, stt_server, tts_server, satellite, states)
         try:
-            yield DuplexRig(
-                hass, entry, device, stt_server, tts_server, satellite, states
-            )
+            with accounted(
+                lambda: duplex_account(
+                    rig.link, stt_server, len(openai_peer.requests), states.seen
+                )
+            ):
+                yield rig
         finally:
             states.close()
             for unload in (entry, stt_entry, tts_entry):
@@ -732,7 +743,7 @@ async def test_vad_cough_pauses_and_the_answer_resumes(
         responding = await rig.states.wait_for("responding")
         child = rig.child_id()
         session = rig.link.conversation.session
-        rig.device.say(noise(250, -12.0), wake_word=None)
+        rig.device.say(after_a_moment(noise(250, -12.0)), wake_word=None)
         paused = await rig.states.wait_for("listening", responding + 1)
         resumed = await rig.states.wait_for("responding", paused + 1)
         await rig.states.wait_for("listening", resumed + 1)  # played out
@@ -756,7 +767,7 @@ async def test_vad_words_over_the_answer_cut_it_without_a_wake_word(
         await rig.answer_playing()
         await rig.states.wait_for("responding")
         child = rig.child_id()
-        rig.device.say(await spoken(STOP), wake_word=None)
+        rig.device.say(after_a_moment(await spoken(STOP)), wake_word=None)
         await wait(openai_peer.wait_for_request(2), SAFETY)
         await rig.answer_playing(rig.device.mark())
         history = rig.history(child)

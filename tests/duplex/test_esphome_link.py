@@ -55,6 +55,7 @@ from custom_components.rtvoice.kernel import (
     ToolSpec,
 )
 from custom_components.rtvoice.kernel.openai_provider import OpenAIChatProvider
+from tests.accounts import accounted, duplex_account
 from tests.duplex.conftest import epoll_loop, noise, selector_keys_epoll_lost
 from tests.peers.esphome import ATOM_ECHO_FEATURES, EmulatedDevice, EventType, State
 from tests.peers.esphome.record import Kind
@@ -302,18 +303,23 @@ async def rig(
             if connect:
                 await asyncio.wait_for(link.wait_connected(), SAFETY)
                 await device.wait_for_voice_client()
-            yield Rig(
-                device,
-                link,
-                kernel,
-                peer,
-                stt,
-                states,
-                tools,
-                conversations,
-                transcribe,
-                closed,
-            )
+            with accounted(
+                lambda: duplex_account(
+                    link, stt, len(peer.requests), [str(s) for s in states.seen]
+                )
+            ):
+                yield Rig(
+                    device,
+                    link,
+                    kernel,
+                    peer,
+                    stt,
+                    states,
+                    tools,
+                    conversations,
+                    transcribe,
+                    closed,
+                )
         finally:
             tools.release.set()
             await link.aclose()
