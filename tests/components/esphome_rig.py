@@ -55,7 +55,7 @@ from tests.components.common import (
     async_unload_demo_entry,
 )
 from tests.peers.esphome import EmulatedDevice
-from tests.peers.speech import silence, speak
+from tests.peers.speech import speak
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
 AGENT = "conversation.realtime_voice"
@@ -84,25 +84,6 @@ async def wait[T](aw: Awaitable[T], timeout: float = SAFETY_TIMEOUT) -> T:
 async def spoken(text: str) -> bytes:
     """Return a 16 kHz clip of ``text`` (espeak-ng runs in a thread on a cache miss)."""
     return await asyncio.to_thread(speak, text)
-
-
-LET_IT_PLAY_MS = 1000
-"""How long a user lets an answer play before talking over it, in mic audio.
-
-An answer may start at the short pause that ends a turn early (issue 18) while the
-segmenter's hangover still holds that utterance open (measured: up to 0.71 s after
-the pause). Words said then are part of the same utterance, and the rig's STT hears
-one declared phrase per utterance: "turn on the kitchen lights … stop" is heard as
-the first phrase, the same words as the answer's, and "stop" is lost (a real STT
-hears both words, and the session pushes them: ``tests/duplex/test_turn_session.py``).
-The mic is past that pause whenever an answer plays, so words queued after this much
-silence are a turn of their own, whatever the machine's load.
-"""
-
-
-def after_a_moment(pcm: bytes) -> bytes:
-    """Return ``pcm`` after ``LET_IT_PLAY_MS`` of silence: words over an answer."""
-    return silence(LET_IT_PLAY_MS) + pcm
 
 
 def entity_of(hass: HomeAssistant, entry: ConfigEntry, domain: str) -> str:

@@ -57,13 +57,7 @@ from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers.event import async_track_state_change_event
 from tests.accounts import accounted, duplex_account
 from tests.components.common import async_load_entry, openai_entry
-from tests.components.esphome_rig import (
-    add_wyoming_service,
-    after_a_moment,
-    entity_of,
-    spoken,
-    wait,
-)
+from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
 from tests.peers.esphome import (
     ATOM_ECHO_FEATURES,
     VOICE_PE_FEATURES,
@@ -71,6 +65,7 @@ from tests.peers.esphome import (
     EventType,
 )
 from tests.peers.openai_server import OpenAIPeer, Text, WaitFor
+from tests.peers.speech import after_a_moment
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
 pytestmark = pytest.mark.usefixtures("socket_enabled")

@@ -29,13 +29,7 @@ from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
 from tests.accounts import accounted, duplex_account
 from tests.components.common import async_load_entry, openai_entry
-from tests.components.esphome_rig import (
-    add_wyoming_service,
-    after_a_moment,
-    entity_of,
-    spoken,
-    wait,
-)
+from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
 from tests.components.test_duplex_satellite import (
     add_duplex,
     device_input,
@@ -47,6 +41,7 @@ from tests.peers.esphome import VOICE_PE_FEATURES, EmulatedDevice, Interrupt
 from tests.peers.esphome.record import Kind
 from tests.peers.esphome.speaker import Playback
 from tests.peers.openai_server import OpenAIPeer, Text
+from tests.peers.speech import after_a_moment
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
 pytestmark = pytest.mark.usefixtures("socket_enabled")

@@ -52,13 +52,7 @@ from tests.components.common import (
     openai_entry,
     stored_satellites,
 )
-from tests.components.esphome_rig import (
-    add_wyoming_service,
-    after_a_moment,
-    entity_of,
-    spoken,
-    wait,
-)
+from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
 from tests.components.pipeline.helpers import GatedBedLightOn
 from tests.duplex.conftest import noise
 from tests.peers.esphome import (
@@ -70,6 +64,7 @@ from tests.peers.esphome import (
 )
 from tests.peers.esphome.config import Feature
 from tests.peers.openai_server import OpenAIPeer, Text, ToolCall
+from tests.peers.speech import after_a_moment
 from tests.peers.wyoming_speech import WyomingSttServer, WyomingTtsServer
 
 pytestmark = pytest.mark.usefixtures("socket_enabled")

@@ -79,7 +79,7 @@ from tests.components.common import (
 from tests.components.esphome_rig import add_wyoming_service, entity_of, spoken, wait
 from tests.components.pipeline.helpers import GatedBedLightOn
 from tests.peers.openai_server import OpenAIPeer, Text, ToolCall, WaitFor
-from tests.peers.speech import speech_tools_available
+from tests.peers.speech import after_a_moment, speech_tools_available
 from tests.peers.wyoming_satellite import (
     Microphone,
     SatelliteVenvError,
@@ -237,6 +237,11 @@ def the_link(entry: RtVoiceConfigEntry) -> WyomingSatelliteLink:
 async def say(satellite: WyomingSatellite, text: str) -> list[float]:
     """Speak ``text`` into the satellite's mic; return when each chunk was fed."""
     return await wait(satellite.mic.say(await spoken(text)), SAFETY)
+
+
+async def say_over(satellite: WyomingSatellite, text: str) -> list[float]:
+    """Speak ``text`` over the answer playing, a moment after it began (``say``)."""
+    return await wait(satellite.mic.say(after_a_moment(await spoken(text))), SAFETY)
 
 
 def rtvoice_tasks() -> list[asyncio.Task[Any]]:
@@ -490,7 +495,7 @@ async def test_utterance_during_the_answer_is_answered_in_the_same_child(
         await say(satellite, WAKE)
         await say(satellite, ASK_LIGHTS)
         first = await wait(satellite.speaker.wait_for_playback(1, ended=False), SAFETY)
-        await say(satellite, ASK_TIME)
+        await say_over(satellite, ASK_TIME)
         await wait(first.ended.wait(), SAFETY)
         second = await wait(satellite.speaker.wait_for_playback(2), SAFETY)
         assert await link.binding.stt(bytes(second.pcm)) == NOON
@@ -840,7 +845,7 @@ async def test_device_action_during_barge_in_completes(
         await say(satellite, ASK_LIGHTS)
         await wait(slow.started.wait(), SAFETY)  # the tool runs inside HA now
         first = await wait(satellite.speaker.wait_for_playback(1, ended=False), SAFETY)
-        await say(satellite, ASK_TIME)  # over "One moment!" or right after it
+        await say_over(satellite, ASK_TIME)  # over "One moment!" or after it
         await wait(stt_server.wait_for_transcript(ASK_TIME), SAFETY)
         await wait(first.ended.wait(), SAFETY)  # its stream was cut (audio-stop)
         assert hass.states.get(BED).state != STATE_ON  # still held

@@ -21,8 +21,10 @@ import wave
 
 __all__ = [
     "BYTES_PER_MS",
+    "LET_IT_PLAY_MS",
     "SAMPLE_RATE",
     "SpeechToolsMissingError",
+    "after_a_moment",
     "silence",
     "speak",
     "speech_tools_available",
@@ -52,6 +54,25 @@ def speech_tools_available() -> bool:
 def silence(ms: int) -> bytes:
     """Return ``ms`` milliseconds of digital silence."""
     return bytes(ms * BYTES_PER_MS)
+
+
+LET_IT_PLAY_MS = 1000
+"""How long a user lets an answer play before talking over it, in mic audio.
+
+An answer may start at the short pause that ends a turn early (issue 18) while the
+segmenter's hangover still holds that utterance open (measured: up to 0.71 s after
+the pause). Words said then are part of the same utterance, and the rig's STT hears
+one declared phrase per utterance: "turn on the kitchen lights … stop" is heard as
+the first phrase, the same words as the answer's, and "stop" is lost (a real STT
+hears both words, and the session pushes them: ``tests/duplex/test_turn_session.py``).
+The mic is past that pause whenever an answer plays, so words queued after this much
+silence are a turn of their own, whatever the machine's load.
+"""
+
+
+def after_a_moment(pcm: bytes) -> bytes:
+    """Return ``pcm`` after ``LET_IT_PLAY_MS`` of silence: words over an answer."""
+    return silence(LET_IT_PLAY_MS) + pcm
 
 
 def speak(
